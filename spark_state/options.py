@@ -1,0 +1,161 @@
+"""The plugin's options: names, defaults, validation.
+
+Every option lives under one prefix, ``spark.sql.streaming.stateStore.sparkState.``,
+because Spark hands every ``spark.sql.streaming.stateStore.*`` SQL setting to
+the provider. This module is the one place they are defined; ``configure()``,
+the worker and ``conf/spark-defaults.conf`` all follow it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable, Mapping
+
+PREFIX = "spark.sql.streaming.stateStore.sparkState."
+
+#: Default max parallelism M (number of key groups). 100800 = 2^6 * 3^2 * 5^2 * 7,
+#: so every partition count in 1-10, 12, 14, 15, 16, 18, 20, 24, 25, 28, 30, 32,
+#: 35, 36, 40, 42, 45, 48, 50, 56, 60, 63, 64, 70, 72, 75, 80, 90, 96, 100, 112,
+#: 120, 144, 150, 160, 175, 180, 192, 200, 224, 225, 240, 300, 320, 336, 350,
+#: 400, 448, 450, 480, 525, 560, 576, 600, 700, 720, 800, 900, 960, 1008, 1200,
+#: 1600 ... divides it and a rescale between any two of them reads whole key
+#: groups by offset.
+DEFAULT_MAX_PARALLELISM = 100_800
+MAX_MAX_PARALLELISM = 2**31 - 1
+DEFAULT_MEMORY_MAX_STATE_SIZE = 5 * 1024 * 1024
+
+STORAGES = ("filesystem", "memory")
+
+
+class OptionError(ValueError):
+    """An option value the plugin cannot use; the message says which and how to fix it."""
+
+
+def _positive_int(name: str, raw: str, lo: int = 1, hi: int = MAX_MAX_PARALLELISM) -> int:
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise OptionError(f"{PREFIX}{name}={raw!r} is not a whole number; set it to an integer in [{lo}, {hi}].") from None
+    if not lo <= value <= hi:
+        raise OptionError(f"{PREFIX}{name}={value} is out of range; set it to an integer in [{lo}, {hi}].")
+    return value
+
+
+def _size(name: str, raw: str) -> int:
+    """Accepts bytes or a size with a unit: 5m, 5mb, 5MiB, 512k, 1g."""
+    text = str(raw).strip().lower().replace("ib", "").rstrip("b")
+    units = {"k": 1024, "m": 1024**2, "g": 1024**3}
+    mult = 1
+    if text and text[-1] in units:
+        mult, text = units[text[-1]], text[:-1]
+    try:
+        value = int(float(text) * mult)
+    except ValueError:
+        raise OptionError(f"{PREFIX}{name}={raw!r} is not a size; use bytes or a unit, e.g. 5m or 64MiB.") from None
+    if value <= 0:
+        raise OptionError(f"{PREFIX}{name}={raw!r} must be positive; use e.g. 5m.")
+    return value
+
+
+def _choice(name: str, raw: str, choices: tuple[str, ...]) -> str:
+    value = str(raw).strip().lower()
+    if value not in choices:
+        raise OptionError(f"{PREFIX}{name}={raw!r} is not known; use one of: {', '.join(choices)}.")
+    return value
+
+
+def _url(name: str, raw: str) -> str | None:
+    value = str(raw).strip()
+    if not value:
+        return None
+    if "://" in value:
+        scheme = value.split("://", 1)[0]
+        if not scheme or not scheme.replace("+", "").replace("-", "").replace(".", "").isalnum():
+            raise OptionError(f"{PREFIX}{name}={raw!r} is not a URL; use e.g. file:///data/ckpt or s3://bucket/path.")
+    elif not value.startswith("/"):
+        raise OptionError(f"{PREFIX}{name}={raw!r} is neither a URL nor an absolute path; use e.g. file:///data/ckpt.")
+    return value
+
+
+def _bool(name: str, raw: str) -> bool:
+    value = str(raw).strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise OptionError(f"{PREFIX}{name}={raw!r} is not a boolean; use true or false.")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The validated options of one query, as the worker and configure() see them."""
+
+    storage: str = "filesystem"
+    checkpoint_root: str | None = None
+    max_parallelism: int = DEFAULT_MAX_PARALLELISM
+    compression_level: int = 3
+    snapshot_interval: int = 10
+    memory_max_state_size: int = DEFAULT_MEMORY_MAX_STATE_SIZE
+    memory_metadata_dir: str | None = None
+    python: str | None = None
+    verify_checksums: bool = True
+
+    @classmethod
+    def from_conf(cls, conf: Mapping[str, Any]) -> "Settings":
+        """Builds settings from Spark conf entries (full keys with PREFIX, or short keys).
+
+        Unknown keys under the prefix are an error: a typo must not silently
+        fall back to a default.
+        """
+        values: dict[str, Any] = {}
+        for key, raw in conf.items():
+            short = key[len(PREFIX):] if key.startswith(PREFIX) else key
+            if key.startswith("spark.") and not key.startswith(PREFIX):
+                continue
+            spec = _SPECS.get(short)
+            if spec is None:
+                known = ", ".join(sorted(_SPECS))
+                raise OptionError(f"unknown option {PREFIX}{short}; known options are: {known}.")
+            field_name, parse = spec
+            values[field_name] = parse(short, raw)
+        return replace(cls(), **values)
+
+    def to_conf(self) -> dict[str, str]:
+        """The Spark conf entries that reproduce these settings (defaults included)."""
+        out = {}
+        for short, (field_name, _) in _SPECS.items():
+            value = getattr(self, field_name)
+            if value is None:
+                continue
+            out[PREFIX + short] = str(value).lower() if isinstance(value, bool) else str(value)
+        return out
+
+
+# short option name -> (Settings field, parser)
+_SPECS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
+    "storage": ("storage", lambda n, r: _choice(n, r, STORAGES)),
+    "checkpointRoot": ("checkpoint_root", _url),
+    "maxParallelism": ("max_parallelism", _positive_int),
+    "compressionLevel": ("compression_level", lambda n, r: _positive_int(n, r, 1, 22)),
+    "snapshotInterval": ("snapshot_interval", lambda n, r: _positive_int(n, r, 1, 1_000_000)),
+    "memory.maxStateSize": ("memory_max_state_size", _size),
+    "memory.metadataDir": ("memory_metadata_dir", _url),
+    "python": ("python", lambda n, r: str(r).strip() or None),
+    "verifyChecksums": ("verify_checksums", _bool),
+}
+
+#: Short option name -> one-line description, for the README and conf/.
+DESCRIPTIONS = {
+    "storage": "Checkpoint storage: 'filesystem' (any fsspec URL, durable) or 'memory' (worker process memory).",
+    "checkpointRoot": "Root URL of the filesystem storage. Default: Spark's own state directory of each store.",
+    "maxParallelism": f"Number of key groups M, fixed for the life of a checkpoint. Default {DEFAULT_MAX_PARALLELISM}.",
+    "compressionLevel": "zstd level of snapshot and delta files (1-22). Default 3.",
+    "snapshotInterval": "Deltas after which the worker compacts a full snapshot in the background. Default 10.",
+    "memory.maxStateSize": "Memory storage: largest snapshot of one store (e.g. 5m, 64MiB). Default 5 MiB.",
+    "memory.metadataDir": "Memory storage: URL where manifests are written durably. Default: none.",
+    "python": "Python that runs the worker. Default: spark.pyspark.python, then PYSPARK_PYTHON, then python3.",
+    "verifyChecksums": "Check every file's checksum on restore. Default true.",
+}
+
+assert set(DESCRIPTIONS) == set(_SPECS)
+assert {f.name for f in fields(Settings)} == {f for f, _ in _SPECS.values()}
