@@ -1,0 +1,60 @@
+"""One call to turn spark_state on for a SparkSession, in the style of delta-spark's helper."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from spark_state import PROVIDER_CLASS
+from spark_state.options import PREFIX, Settings
+
+_PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
+
+#: configure() keyword -> option short name, so Python callers can use snake_case.
+_KWARGS = {
+    "storage": "storage",
+    "checkpoint_root": "checkpointRoot",
+    "max_parallelism": "maxParallelism",
+    "compression_level": "compressionLevel",
+    "snapshot_interval": "snapshotInterval",
+    "memory_max_state_size": "memory.maxStateSize",
+    "memory_metadata_dir": "memory.metadataDir",
+    "python": "python",
+    "verify_checksums": "verifyChecksums",
+}
+
+
+def spark_conf(**options: Any) -> dict[str, str]:
+    """The Spark conf entries configure() sets, as a dict (for --conf lines or spark-defaults.conf).
+
+    Values are validated here, so a bad value fails before Spark starts.
+    """
+    from spark_state.shim import shim_jar
+
+    unknown = sorted(set(options) - set(_KWARGS))
+    if unknown:
+        raise TypeError(f"unknown spark_state option(s) {unknown}; known: {sorted(_KWARGS)}")
+    raw = {_KWARGS[k]: ("true" if v is True else "false" if v is False else str(v))
+           for k, v in options.items() if v is not None}
+    raw.setdefault("python", sys.executable)
+    Settings.from_conf(raw)  # raises OptionError with a clear message
+    conf = {PREFIX + k: v for k, v in raw.items()}
+    conf[_PROVIDER_KEY] = PROVIDER_CLASS
+    conf["spark.jars"] = str(shim_jar())
+    return conf
+
+
+def configure(builder, **options: Any):
+    """Returns ``builder`` with the shim jar on the classpath and spark_state as the state store.
+
+    ``options`` are the plugin's options in snake_case (see ``spark_state.options``):
+    ``configure(SparkSession.builder, storage="filesystem", snapshot_interval=5)``.
+    A ``spark.jars`` value already on the builder is kept; the shim jar is appended.
+    """
+    conf = spark_conf(**options)
+    jar = conf.pop("spark.jars")
+    existing = builder._options.get("spark.jars") if hasattr(builder, "_options") else None
+    builder = builder.config("spark.jars", f"{existing},{jar}" if existing else jar)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder
