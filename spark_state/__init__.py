@@ -10,8 +10,8 @@ PROVIDER_CLASS = "io.sparkstate.shim.SparkStateProvider"
 
 
 def configure(builder, **options):
-    """Returns the builder with spark_state as the state store; see spark_state.configure."""
-    from spark_state.configure import configure as _configure
+    """Returns the builder with spark_state as the state store; see spark_state.spark_config."""
+    from spark_state.spark_config import configure as _configure
 
     return _configure(builder, **options)
 
