@@ -1,0 +1,1 @@
+"""The per-executor Python worker that owns snapshots and checkpoint storage (docs/protocol.md)."""

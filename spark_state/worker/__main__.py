@@ -1,0 +1,74 @@
+"""Entry point the JVM shim starts: ``python -m spark_state.worker --socket-dir DIR``.
+
+The secret arrives as the first line on stdin; the worker then watches stdin
+and exits at EOF, which is how it follows the JVM that started it however
+that JVM ends (a killed driver included). No orphan survives its JVM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+import time
+
+from spark_state.worker.server import Dispatcher, WorkerServer
+
+
+def _exit_when_parent_gone(sock_path: str) -> None:
+    parent = os.getppid()
+
+    def on_stdin_eof():
+        try:
+            while sys.stdin.buffer.read(4096):
+                pass
+        except OSError:
+            pass
+        _cleanup_and_exit(sock_path, "stdin closed: the JVM that started this worker has ended")
+
+    def on_reparent():
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                _cleanup_and_exit(sock_path, "parent process is gone")
+
+    threading.Thread(target=on_stdin_eof, name="stdin-watch", daemon=True).start()
+    threading.Thread(target=on_reparent, name="parent-watch", daemon=True).start()
+
+
+def _cleanup_and_exit(sock_path: str, why: str) -> None:
+    logging.getLogger("spark_state.worker").info("exiting: %s", why)
+    try:
+        os.unlink(sock_path)
+    except OSError:
+        pass
+    os._exit(0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m spark_state.worker")
+    parser.add_argument("--socket-dir", required=True, help="private (0700) directory for worker.sock")
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(level=os.environ.get("SPARK_STATE_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    secret = sys.stdin.readline().strip()
+    if not secret:
+        print("spark_state worker: expected the secret on the first line of stdin", file=sys.stderr)
+        return 2
+    os.umask(0o077)
+    sock_path = os.path.join(args.socket_dir, "worker.sock")
+    if os.path.exists(sock_path):
+        os.unlink(sock_path)
+    server = WorkerServer(sock_path, Dispatcher(secret))
+    os.chmod(sock_path, 0o600)
+    _exit_when_parent_gone(sock_path)
+    print(f"READY {os.getpid()}", flush=True)
+    server.serve_forever(poll_interval=0.5)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""The worker's request handling: one thread per shim connection, one dispatcher for all.
+
+Commits and loads run on the connection's thread (they are on Spark's critical
+path); compaction and retention are queued to one background thread, so heavy
+work never sits inside a commit.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import socketserver
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+
+import pyarrow as pa
+
+import spark_state
+from spark_state.errors import ProtocolError, SparkStateError
+from spark_state.options import Settings
+from spark_state.worker.protocol import (
+    PROTOCOL_VERSION, ipc_to_table, read_frame, table_to_ipc, write_frame,
+)
+
+log = logging.getLogger("spark_state.worker")
+
+
+@lru_cache(maxsize=256)
+def _settings(items: frozenset) -> Settings:
+    return Settings.from_conf(dict(items))
+
+
+def settings_of(header: dict) -> Settings:
+    options = header.get("options") or {}
+    if not isinstance(options, dict):
+        raise ProtocolError("'options' must be a JSON object of option name -> string value")
+    return _settings(frozenset((str(k), str(v)) for k, v in options.items()))
+
+
+def store_ref_of(header: dict):
+    from spark_state.state import StoreRef
+
+    store = header.get("store")
+    if not isinstance(store, dict):
+        raise ProtocolError(f"request {header.get('op')!r} needs a 'store' object")
+    try:
+        return StoreRef(
+            spark_root=str(store["sparkRoot"]),
+            location=str(store["location"]),
+            operator=int(store["operator"]),
+            partition=int(store["partition"]),
+            name=str(store.get("name") or "default"),
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise ProtocolError(f"malformed 'store' in request: {err!r}") from None
+
+
+def _int_field(header: dict, name: str) -> int:
+    try:
+        return int(header[name])
+    except (KeyError, TypeError, ValueError):
+        raise ProtocolError(f"request {header.get('op')!r} needs an integer {name!r}") from None
+
+
+class Dispatcher:
+    """Turns one request (header, body) into one response (header, body)."""
+
+    def __init__(self, secret: str):
+        self._secret = secret.encode()
+        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark-state-maintenance")
+        self._pending: set[tuple] = set()
+        self._pending_lock = threading.Lock()
+
+    def authenticate(self, header: dict) -> bool:
+        return (
+            header.get("op") == "hello"
+            and hmac.compare_digest(str(header.get("secret", "")).encode(), self._secret)
+        )
+
+    def handle(self, header: dict, body: bytes) -> tuple[dict, bytes | pa.Buffer]:
+        op = header.get("op")
+        method = getattr(self, f"op_{op}", None) if isinstance(op, str) else None
+        if method is None:
+            raise ProtocolError(f"unknown request {op!r}")
+        return method(header, body)
+
+    def op_hello(self, header, body):
+        return {"ok": True, "pid": os.getpid(), "version": spark_state.__version__,
+                "protocol": PROTOCOL_VERSION}, b""
+
+    def op_validate(self, header, body):
+        settings_of(header)
+        return {"ok": True}, b""
+
+    def _store(self, header):
+        from spark_state.state import open_store
+
+        return open_store(store_ref_of(header), settings_of(header))
+
+    def op_commit(self, header, body):
+        from spark_state.state import CHANGES_SCHEMA
+
+        version = _int_field(header, "version")
+        changes = ipc_to_table(body) if body else CHANGES_SCHEMA.empty_table()
+        if changes.schema != CHANGES_SCHEMA:
+            try:
+                changes = changes.select(CHANGES_SCHEMA.names).cast(CHANGES_SCHEMA)
+            except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
+                raise ProtocolError(f"commit body has schema {changes.schema}, expected {CHANGES_SCHEMA}: {err}") from None
+        started = time.perf_counter()
+        result = self._store(header).commit(version, changes)
+        return {"ok": True, "bytes": result.bytes_written, "files": result.files,
+                "ms": round((time.perf_counter() - started) * 1000, 3)}, b""
+
+    def op_load(self, header, body):
+        version = _int_field(header, "version")
+        table = self._store(header).load(version)
+        return {"ok": True, "rows": table.num_rows}, table_to_ipc(table)
+
+    def op_latest(self, header, body):
+        return {"ok": True, "version": self._store(header).latest_version()}, b""
+
+    def op_abort(self, header, body):
+        self._store(header).abort(_int_field(header, "version"))
+        return {"ok": True}, b""
+
+    def op_maintenance(self, header, body):
+        keep = _int_field(header, "minVersionsToRetain")
+        store = self._store(header)
+        key = (id(store), keep)
+        with self._pending_lock:
+            if key in self._pending:  # one queued run per store is enough
+                return {"ok": True, "queued": False}, b""
+            self._pending.add(key)
+        self._background.submit(self._maintain, store, keep, key)
+        return {"ok": True, "queued": True}, b""
+
+    def _maintain(self, store, keep, key):
+        with self._pending_lock:
+            self._pending.discard(key)
+        try:
+            store.maintenance(keep)
+        except Exception:  # background work must not take the worker down
+            log.exception("maintenance of %s failed; it will be retried on the next request", store)
+
+    def op_shutdown(self, header, body):
+        threading.Thread(target=_exit_soon, daemon=True).start()
+        return {"ok": True}, b""
+
+    def close(self):
+        self._background.shutdown(wait=True, cancel_futures=True)
+
+
+def _exit_soon():
+    time.sleep(0.05)
+    os._exit(0)
+
+
+class _Connection(socketserver.StreamRequestHandler):
+    """One shim connection: hello first, then request/response frames until EOF."""
+
+    wbufsize = 1 << 16
+
+    def handle(self):
+        dispatcher: Dispatcher = self.server.dispatcher
+        try:
+            first = read_frame(self.rfile)
+            if first is None:
+                return
+            if not dispatcher.authenticate(first[0]):
+                write_frame(self.wfile, {"ok": False, "kind": "ProtocolError",
+                                         "error": "authentication failed: the first request must be hello with the worker's secret"})
+                return
+            write_frame(self.wfile, *dispatcher.op_hello(*first))
+            while True:
+                frame = read_frame(self.rfile)
+                if frame is None:
+                    return
+                write_frame(self.wfile, *self._respond(dispatcher, *frame))
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            return
+
+    @staticmethod
+    def _respond(dispatcher, header, body):
+        try:
+            return dispatcher.handle(header, body)
+        except SparkStateError as err:
+            return {"ok": False, "kind": type(err).__name__, "error": str(err)}, b""
+        except ValueError as err:  # OptionError is a ValueError
+            kind = type(err).__name__ if type(err).__name__ == "OptionError" else "InternalError"
+            if kind == "InternalError":
+                log.exception("request %s failed", header.get("op"))
+            return {"ok": False, "kind": kind, "error": str(err)}, b""
+        except Exception as err:
+            log.exception("request %s failed", header.get("op"))
+            return {"ok": False, "kind": "InternalError",
+                    "error": f"{type(err).__name__}: {err} (see the worker log)"}, b""
+
+
+class WorkerServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, path: str, dispatcher: Dispatcher):
+        self.dispatcher = dispatcher
+        super().__init__(path, _Connection)
