@@ -1,0 +1,114 @@
+package io.sparkstate.shim;
+
+import java.io.ByteArrayOutputStream;
+import java.io.IOException;
+import java.io.InputStream;
+import java.util.Arrays;
+import java.util.Map;
+
+import org.apache.arrow.memory.BufferAllocator;
+import org.apache.arrow.memory.RootAllocator;
+import org.apache.arrow.vector.IntVector;
+import org.apache.arrow.vector.VarBinaryVector;
+import org.apache.arrow.vector.VectorSchemaRoot;
+import org.apache.arrow.vector.ipc.ArrowStreamReader;
+import org.apache.arrow.vector.ipc.ArrowStreamWriter;
+import org.apache.arrow.vector.types.pojo.ArrowType;
+import org.apache.arrow.vector.types.pojo.Field;
+import org.apache.arrow.vector.types.pojo.Schema;
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
+
+/**
+ * Arrow IPC streams of docs/protocol.md: {@code kg:int32, hash:int32, key:binary, value:binary
+ * nullable} (null value = delete). Only encoding and decoding; no storage logic.
+ */
+final class ArrowCodec {
+  static final int BATCH_ROWS = 16384;
+  private static final BufferAllocator ROOT = new RootAllocator(Long.MAX_VALUE);
+
+  static final Schema SCHEMA = new Schema(Arrays.asList(
+      Field.notNullable("kg", new ArrowType.Int(32, true)),
+      Field.notNullable("hash", new ArrowType.Int(32, true)),
+      Field.notNullable("key", ArrowType.Binary.INSTANCE),
+      Field.nullable("value", ArrowType.Binary.INSTANCE)));
+
+  private ArrowCodec() {}
+
+  /** Encodes a change log (key to new value, null = delete) as one Arrow stream. */
+  static byte[] encodeChanges(Map<UnsafeRow, UnsafeRow> changes, KeyHasher hasher) throws IOException {
+    ByteArrayOutputStream bytes = new ByteArrayOutputStream(Math.max(1024, changes.size() * 64));
+    try (BufferAllocator alloc = ROOT.newChildAllocator("spark-state-commit", 0, Long.MAX_VALUE);
+         VectorSchemaRoot root = VectorSchemaRoot.create(SCHEMA, alloc);
+         ArrowStreamWriter writer = new ArrowStreamWriter(root, null, bytes)) {
+      IntVector kg = (IntVector) root.getVector("kg");
+      IntVector hash = (IntVector) root.getVector("hash");
+      VarBinaryVector key = (VarBinaryVector) root.getVector("key");
+      VarBinaryVector value = (VarBinaryVector) root.getVector("value");
+      writer.start();
+      int n = 0;
+      root.allocateNew();
+      for (Map.Entry<UnsafeRow, UnsafeRow> e : changes.entrySet()) {
+        UnsafeRow k = e.getKey();
+        UnsafeRow v = e.getValue();
+        int h = hasher.hash(k);
+        kg.setSafe(n, hasher.keyGroup(h));
+        hash.setSafe(n, h);
+        key.setSafe(n, k.getBytes());
+        if (v == null) {
+          value.setNull(n);
+        } else {
+          value.setSafe(n, v.getBytes());
+        }
+        n++;
+        if (n == BATCH_ROWS) {
+          root.setRowCount(n);
+          writer.writeBatch();
+          root.allocateNew();
+          n = 0;
+        }
+      }
+      if (n > 0) {
+        root.setRowCount(n);
+        writer.writeBatch();
+      }
+      writer.end();
+    }
+    return bytes.toByteArray();
+  }
+
+  /** Receives the rows of a decoded state stream. */
+  interface RowSink {
+    void accept(UnsafeRow key, UnsafeRow value);
+  }
+
+  /** Decodes a state stream; rows with a null value are skipped (they only occur in change logs). */
+  static long decodeState(InputStream in, int keyFields, int valueFields, RowSink sink) throws IOException {
+    long rows = 0;
+    try (BufferAllocator alloc = ROOT.newChildAllocator("spark-state-load", 0, Long.MAX_VALUE);
+         ArrowStreamReader reader = new ArrowStreamReader(in, alloc)) {
+      VectorSchemaRoot root = reader.getVectorSchemaRoot();
+      VarBinaryVector key = (VarBinaryVector) root.getVector("key");
+      VarBinaryVector value = (VarBinaryVector) root.getVector("value");
+      if (key == null || value == null) {
+        throw new IOException("state stream from the worker lacks a key or value column: " + root.getSchema());
+      }
+      while (reader.loadNextBatch()) {
+        int n = root.getRowCount();
+        for (int i = 0; i < n; i++) {
+          if (value.isNull(i)) {
+            continue;
+          }
+          byte[] kb = key.get(i);
+          byte[] vb = value.get(i);
+          UnsafeRow k = new UnsafeRow(keyFields);
+          k.pointTo(kb, kb.length);
+          UnsafeRow v = new UnsafeRow(valueFields);
+          v.pointTo(vb, vb.length);
+          sink.accept(k, v);
+          rows++;
+        }
+      }
+    }
+    return rows;
+  }
+}

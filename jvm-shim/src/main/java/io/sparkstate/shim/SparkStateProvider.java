@@ -1,0 +1,385 @@
+package io.sparkstate.shim;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.util.Arrays;
+import java.util.Collections;
+import java.util.Map;
+import java.util.Set;
+import java.util.TreeMap;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.locks.ReentrantReadWriteLock;
+
+import org.apache.hadoop.conf.Configuration;
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
+import org.apache.spark.sql.execution.streaming.state.KeyStateEncoderSpec;
+import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpec;
+import org.apache.spark.sql.execution.streaming.state.PrefixKeyScanStateEncoderSpec;
+import org.apache.spark.sql.execution.streaming.state.ReadStateStore;
+import org.apache.spark.sql.execution.streaming.state.StateSchemaProvider;
+import org.apache.spark.sql.execution.streaming.state.StateStore;
+import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
+import org.apache.spark.sql.execution.streaming.state.StateStoreCustomMetric;
+import org.apache.spark.sql.execution.streaming.state.StateStoreCustomSumMetric;
+import org.apache.spark.sql.execution.streaming.state.StateStoreCustomTimingMetric;
+import org.apache.spark.sql.execution.streaming.state.StateStoreId;
+import org.apache.spark.sql.execution.streaming.state.StateStoreProvider;
+import org.apache.spark.sql.types.StructType;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+import scala.Option;
+import scala.jdk.javaapi.CollectionConverters;
+
+/**
+ * spark_state's {@link StateStoreProvider}: the live version of one (operator, partition, store)
+ * is a map in this JVM; commits ship their changes to the executor's Python worker, which owns
+ * storage; versions the JVM does not hold are loaded from the worker.
+ *
+ * <p>Enable with {@code spark.sql.streaming.stateStore.providerClass=io.sparkstate.shim.SparkStateProvider}.
+ */
+public class SparkStateProvider implements StateStoreProvider {
+  public static final String OPTION_PREFIX = "spark.sql.streaming.stateStore.sparkState.";
+  static final int DEFAULT_MAX_PARALLELISM = 100_800;
+  private static final Logger LOG = LoggerFactory.getLogger(SparkStateProvider.class);
+
+  static final StateStoreCustomMetric METRIC_COMMIT_TIME = new StateStoreCustomTimingMetric(
+      "sparkStateCommitTimeMs", "spark_state: time to ship a commit to the worker and have it made durable");
+  static final StateStoreCustomMetric METRIC_LOAD_TIME = new StateStoreCustomTimingMetric(
+      "sparkStateLoadTimeMs", "spark_state: time to load a version from the worker");
+  static final StateStoreCustomMetric METRIC_BYTES_WRITTEN = new StateStoreCustomSumMetric(
+      "sparkStateBytesWritten", "spark_state: bytes written to checkpoint storage by commits");
+  static final StateStoreCustomMetric METRIC_WORKER_RESTARTS = new StateStoreCustomSumMetric(
+      "sparkStateWorkerRestarts", "spark_state: state worker restarts seen during the batch");
+
+  /** Option sets already validated by the worker in this JVM (validate once per distinct set). */
+  private static final Set<Map<String, String>> VALIDATED = ConcurrentHashMap.newKeySet();
+
+  // StateStoreProvider trait fields
+  private ReentrantReadWriteLock maintenanceLock;
+  private volatile boolean unloaded;
+
+  private StateStoreId stateStoreId;
+  private StructType keySchema;
+  private StructType valueSchema;
+  private int numColsPrefixKey;
+  private StateStoreConf storeConf;
+  private Configuration hadoopConf;
+  private Map<String, String> options = Collections.emptyMap();
+  private KeyHasher hasher;
+  private ObjectNode storeNode;
+
+  /** The version this provider holds, or null before the first load. Guarded by {@code this}. */
+  private StateMap live;
+  /** The store opened by getStore and not yet committed or aborted. Guarded by {@code this}. */
+  private SparkStateStore open;
+
+  public SparkStateProvider() {
+    StateStoreProvider.$init$(this);
+  }
+
+  // ------------------------------------------------------------------ trait fields
+
+  @Override
+  public void org$apache$spark$sql$execution$streaming$state$StateStoreProvider$_setter_$maintenanceLock_$eq(
+      ReentrantReadWriteLock lock) {
+    this.maintenanceLock = lock;
+  }
+
+  @Override
+  public ReentrantReadWriteLock maintenanceLock() {
+    return maintenanceLock;
+  }
+
+  @Override
+  public boolean unloaded() {
+    return unloaded;
+  }
+
+  @Override
+  public void unloaded_$eq(boolean value) {
+    this.unloaded = value;
+  }
+
+  // ------------------------------------------------------------------ init
+
+  @Override
+  public void init(StateStoreId stateStoreId, StructType keySchema, StructType valueSchema,
+      KeyStateEncoderSpec keyStateEncoderSpec, boolean useColumnFamilies, StateStoreConf storeConf,
+      Configuration hadoopConf, boolean useMultipleValuesPerKey, Option<StateSchemaProvider> stateSchemaProvider) {
+    this.stateStoreId = stateStoreId;
+    this.keySchema = keySchema;
+    this.valueSchema = valueSchema;
+    this.storeConf = storeConf;
+    this.hadoopConf = hadoopConf;
+    if (useColumnFamilies) {
+      throw columnFamiliesUnsupported("a store with useColumnFamilies=true");
+    }
+    if (useMultipleValuesPerKey) {
+      throw multipleValuesUnsupported("a store with useMultipleValuesPerKey=true");
+    }
+    if (storeConf.enableStateStoreCheckpointIds()) {
+      throw new UnsupportedOperationException("spark_state: " + this + " does not support "
+          + "spark.sql.streaming.stateStore.checkpointFormatVersion > 1 (state store checkpoint ids); "
+          + "set it to 1.");
+    }
+    if (keyStateEncoderSpec instanceof PrefixKeyScanStateEncoderSpec) {
+      this.numColsPrefixKey = ((PrefixKeyScanStateEncoderSpec) keyStateEncoderSpec).numColsPrefixKey();
+    } else if (keyStateEncoderSpec instanceof NoPrefixKeyStateEncoderSpec) {
+      this.numColsPrefixKey = 0;
+    } else {
+      throw new UnsupportedOperationException("spark_state: " + this + " does not support the key encoder "
+          + keyStateEncoderSpec + " (range scans); spark_state supports plain and prefix-scan keys.");
+    }
+
+    Map<String, String> opts = new TreeMap<>();
+    for (Map.Entry<String, String> e : CollectionConverters.asJava(storeConf.sqlConfs()).entrySet()) {
+      if (e.getKey().startsWith(OPTION_PREFIX)) {
+        opts.put(e.getKey().substring(OPTION_PREFIX.length()), e.getValue());
+      }
+    }
+    this.options = Collections.unmodifiableMap(opts);
+
+    int maxParallelism = DEFAULT_MAX_PARALLELISM;
+    String mp = opts.get("maxParallelism");
+    if (mp != null) {
+      try {
+        maxParallelism = Integer.parseInt(mp.trim());
+      } catch (NumberFormatException e) {
+        maxParallelism = -1; // validate below reports it
+      }
+    }
+    validateOptions();
+    if (maxParallelism <= 0) {
+      throw new IllegalArgumentException("spark_state: " + OPTION_PREFIX + "maxParallelism=" + mp
+          + " is not a positive whole number.");
+    }
+    this.hasher = new KeyHasher(keySchema,
+        KeyHasher.hashFieldCount(keySchema, numColsPrefixKey, stateStoreId.storeName()), maxParallelism);
+
+    ObjectNode store = WorkerClient.header("store");
+    store.remove("op");
+    store.put("sparkRoot", stateStoreId.checkpointRootLocation());
+    store.put("location", stateStoreId.storeCheckpointLocation().toUri().toString());
+    store.put("operator", stateStoreId.operatorId());
+    store.put("partition", stateStoreId.partitionId());
+    store.put("name", stateStoreId.storeName());
+    this.storeNode = store;
+  }
+
+  private void validateOptions() {
+    if (VALIDATED.contains(options)) {
+      return;
+    }
+    ObjectNode h = WorkerClient.header("validate");
+    h.set("options", WorkerClient.optionsNode(options));
+    WorkerClient.get().call(h, null, options);
+    VALIDATED.add(options);
+  }
+
+  @Override
+  public StateStoreId stateStoreId() {
+    return stateStoreId;
+  }
+
+  // ------------------------------------------------------------------ stores
+
+  @Override
+  public synchronized StateStore getStore(long version, Option<String> uniqueId, boolean forceSnapshotOnCommit,
+      boolean loadEmpty) {
+    if (version < 0) {
+      throw new IllegalArgumentException("spark_state: cannot get version " + version + " of " + this);
+    }
+    if (uniqueId.isDefined()) {
+      throw new UnsupportedOperationException("spark_state: " + this + " does not support state store "
+          + "checkpoint ids (checkpointFormatVersion > 1)");
+    }
+    if (loadEmpty) {
+      throw new UnsupportedOperationException("spark_state: " + this + " does not support getStore(loadEmpty=true)");
+    }
+    if (open != null) {
+      if (open.isUpdating()) {
+        LOG.warn("spark_state: {} was left open (task retry?); rolling it back before opening version {}",
+            open, version);
+        open.rollback();
+      }
+      open = null;
+    }
+    long restarts = WorkerClient.get().restarts();
+    long loadMs = 0;
+    if (live == null || live.version != version) {
+      long t0 = System.nanoTime();
+      live = null;
+      live = loadMap(version);
+      loadMs = (System.nanoTime() - t0) / 1_000_000L;
+    }
+    open = new SparkStateStore(this, live, version, loadMs, restarts);
+    return open;
+  }
+
+  @Override
+  public synchronized ReadStateStore getReadStore(long version, Option<String> uniqueId) {
+    if (version < 0) {
+      throw new IllegalArgumentException("spark_state: cannot read version " + version + " of " + this);
+    }
+    if (uniqueId.isDefined()) {
+      throw new UnsupportedOperationException("spark_state: " + this + " does not support state store "
+          + "checkpoint ids (checkpointFormatVersion > 1)");
+    }
+    if (open == null) {
+      if (live == null || live.version != version) {
+        live = null;
+        live = loadMap(version);
+      }
+      return new SparkStateReadStore(this, live, version);
+    }
+    // A write store is open: read a private copy so it cannot see uncommitted changes.
+    return new SparkStateReadStore(this, loadMap(version), version);
+  }
+
+  /** Loads {@code version} from the worker into a new map (version 0 is empty without asking). */
+  private StateMap loadMap(long version) {
+    PrefixIndex prefix = numColsPrefixKey > 0 ? new PrefixIndex(keySchema, numColsPrefixKey) : null;
+    if (version == 0) {
+      return new StateMap(0, prefix);
+    }
+    int keyFields = keySchema.fields().length;
+    int valueFields = valueSchema.fields().length;
+    ObjectNode h = request("load");
+    h.put("version", version);
+    long t0 = System.nanoTime();
+    StateMap map = WorkerClient.get().call(h, null, options, (JsonNode reply, java.io.InputStream body) -> {
+      StateMap m = new StateMap(version, numColsPrefixKey > 0 ? new PrefixIndex(keySchema, numColsPrefixKey) : null);
+      ArrowCodec.decodeState(body, keyFields, valueFields, m::put);
+      return m;
+    });
+    LOG.info("spark_state: loaded version {} of {} ({} keys) in {} ms", version, stateStoreId, map.size(),
+        (System.nanoTime() - t0) / 1_000_000L);
+    return map;
+  }
+
+  /** Ships a change log as version {@code newVersion}; returns the bytes the worker wrote. */
+  long commitChanges(long newVersion, Map<UnsafeRow, UnsafeRow> changes) {
+    byte[] body;
+    try {
+      body = ArrowCodec.encodeChanges(changes, hasher);
+    } catch (IOException e) {
+      throw new UncheckedIOException("spark_state: cannot encode the changes of " + this, e);
+    }
+    ObjectNode h = request("commit");
+    h.put("version", newVersion);
+    JsonNode reply = WorkerClient.get().call(h, body, options);
+    if (storeConf.commitValidationEnabled()) {
+      StateStore.reportCommitToCoordinator(newVersion, stateStoreId, hadoopConf);
+    }
+    JsonNode bytes = reply.get("bytes");
+    return bytes != null && bytes.canConvertToLong() ? bytes.asLong() : body.length;
+  }
+
+  synchronized void committed(SparkStateStore store, long newVersion) {
+    store.map().version = newVersion;
+    if (open == store) {
+      open = null;
+    }
+  }
+
+  synchronized void aborted(SparkStateStore store, boolean commitSent) {
+    store.rollback();
+    if (open == store) {
+      open = null;
+    }
+    if (commitSent) {
+      // The worker may hold part of version+1: tell it to drop it (best effort).
+      try {
+        ObjectNode h = request("abort");
+        h.put("version", store.version() + 1);
+        WorkerClient.get().call(h, null, options);
+      } catch (RuntimeException e) {
+        LOG.warn("spark_state: abort of version {} of {} failed: {}", store.version() + 1, stateStoreId, e.toString());
+      }
+    }
+  }
+
+  private ObjectNode request(String op) {
+    ObjectNode h = WorkerClient.header(op);
+    h.set("store", storeNode.deepCopy());
+    h.set("options", WorkerClient.optionsNode(options));
+    return h;
+  }
+
+  // ------------------------------------------------------------------ maintenance, close, metrics
+
+  @Override
+  public void doMaintenance() {
+    if (storeNode == null) {
+      return;
+    }
+    try {
+      ObjectNode h = request("maintenance");
+      h.put("minVersionsToRetain", storeConf.minVersionsToRetain());
+      WorkerClient.get().call(h, null, options);
+    } catch (RuntimeException e) {
+      LOG.warn("spark_state: maintenance of {} failed: {}", stateStoreId, e.toString());
+    }
+  }
+
+  @Override
+  public void doCleanupMaintenance() {
+    doMaintenance();
+  }
+
+  @Override
+  public void doSnapshotMaintenance() {
+    // Snapshots are compacted by the worker in the background; cleanup triggers it.
+  }
+
+  @Override
+  public synchronized void close() {
+    if (open != null) {
+      open.rollback();
+      open = null;
+    }
+    live = null;
+  }
+
+  @Override
+  public scala.collection.immutable.Seq<StateStoreCustomMetric> supportedCustomMetrics() {
+    return CollectionConverters.asScala(Arrays.asList(
+        METRIC_COMMIT_TIME, METRIC_LOAD_TIME, METRIC_BYTES_WRITTEN, METRIC_WORKER_RESTARTS)).toList();
+  }
+
+  // ------------------------------------------------------------------ errors
+
+  void checkColumnFamily(String name) {
+    if (name != null && !StateStore.DEFAULT_COL_FAMILY_NAME().equals(name)) {
+      throw columnFamiliesUnsupported("column family '" + name + "'");
+    }
+  }
+
+  UnsupportedOperationException columnFamiliesUnsupported(String what) {
+    return new UnsupportedOperationException("spark_state: " + what + " is not supported by "
+        + this + ": spark_state supports single-value stores in the default column family only "
+        + "(like Spark's HDFSBackedStateStoreProvider). Multiple column families are used by "
+        + "transformWithState / transformWithStateInPandas; run those with "
+        + "spark.sql.streaming.stateStore.providerClass="
+        + "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider.");
+  }
+
+  UnsupportedOperationException multipleValuesUnsupported(String what) {
+    return new UnsupportedOperationException("spark_state: " + what + " (multiple values per key) is not "
+        + "supported by " + this + ": spark_state supports single-value stores in the default column "
+        + "family only (like Spark's HDFSBackedStateStoreProvider). Multiple values per key are used by "
+        + "transformWithState / transformWithStateInPandas (ListState); run those with "
+        + "spark.sql.streaming.stateStore.providerClass="
+        + "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider.");
+  }
+
+  @Override
+  public String toString() {
+    return stateStoreId == null ? "SparkStateProvider[uninitialized]"
+        : "SparkStateProvider[operator=" + stateStoreId.operatorId() + ", partition=" + stateStoreId.partitionId()
+            + ", store=" + stateStoreId.storeName() + ", checkpoint=" + stateStoreId.checkpointRootLocation() + "]";
+  }
+}
