@@ -1,0 +1,305 @@
+"""The state file format: one (operator, partition, version)'s rows, by key group.
+
+A file is three parts, all little-endian, nothing pickled::
+
+    data     an Arrow IPC *stream* (CHANGES_SCHEMA, zstd-compressed buffers):
+             rows sorted by key group, cut into record batches that hold whole
+             key-group runs (a key group bigger than the batch target gets
+             batches of its own), then the end-of-stream marker
+    index    an Arrow IPC stream of INDEX_SCHEMA: one row per (key group,
+             batch): the batch's byte range and CRC-32, and the key group's
+             row range inside that batch
+    trailer  u64 index offset, u64 index length, 8-byte magic
+
+The data part alone is a standard Arrow stream (``pyarrow.ipc.open_stream``
+reads a whole file and stops at the marker), so a full restore is one read
+and one decode. A key-group subset reads the index, then only the batches
+that hold a wanted group, by byte range, and never decodes the others
+(Flink's ``KeyGroupsStateHandle``: one file, an offset per key group).
+Batches pack small neighbouring key groups together (``TARGET_BATCH_BYTES``
+of raw data) because a batch per key group would cost ~300 bytes of Arrow
+metadata and a cold zstd context per group; the price is that a subset read
+also decodes the small neighbours that share a wanted group's batch.
+
+Compression is Arrow IPC's own per-buffer zstd: measured against zstd over
+whole serialized batches it is as small (0.55 vs 0.53-0.60 of raw on 16-byte
+random keys + 64-byte structured values) and keeps batches independently
+decodable. Checksums are CRC-32 (``zlib.crc32``, ~3 GB/s here vs ~0.7 GB/s
+for blake2b): they guard against torn or bit-rotted files, not adversaries,
+and the file size is checked too, so truncation is caught before any CRC.
+The manifest holds the whole file's CRC and the index's CRC; the index holds
+each batch's CRC, so a subset read verifies everything it reads.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_state.errors import ChecksumMismatch, FormatVersionError
+
+CHANGES_SCHEMA = pa.schema([("kg", pa.int32()), ("hash", pa.int32()), ("key", pa.binary()), ("value", pa.binary())])
+
+INDEX_SCHEMA = pa.schema([
+    ("kg", pa.int32()),
+    ("offset", pa.int64()),      # byte offset of the batch's IPC message in the file
+    ("length", pa.int64()),      # byte length of that message
+    ("crc", pa.uint32()),        # CRC-32 of those bytes
+    ("row_start", pa.int64()),   # first row of the key group inside the batch
+    ("rows", pa.int64()),        # rows of the key group inside the batch
+])
+
+FILE_FORMAT_VERSION = 1
+MAGIC = b"SPKST\x00\x00\x01"  # last byte = file format version
+_TRAILER = struct.Struct("<QQ8s")
+TRAILER_SIZE = _TRAILER.size
+
+#: Raw bytes of rows per record batch (see module docstring).
+TARGET_BATCH_BYTES = 256 * 1024
+#: Per-row bytes beyond key and value (kg, hash, two int32 offsets).
+_ROW_OVERHEAD = 16
+
+Fetch = Callable[[Sequence[tuple[int, int]]], Sequence[bytes]]
+"""Reads byte ranges [start, end) of one file, returning one bytes-like per range."""
+
+
+def crc32_hex(data) -> str:
+    return f"crc32:{zlib.crc32(data):08x}"
+
+
+@dataclass(frozen=True)
+class EncodedFile:
+    """A serialised state file and what its manifest entry records about it."""
+
+    data: bytes
+    rows: int
+    checksum: str
+    index_offset: int
+    index_length: int
+    index_checksum: str
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+
+def empty_table() -> pa.Table:
+    return CHANGES_SCHEMA.empty_table()
+
+
+def conform(table: pa.Table) -> pa.Table:
+    """Checks a changes/state table has CHANGES_SCHEMA's columns and casts it to exactly that schema."""
+    missing = [f.name for f in CHANGES_SCHEMA if f.name not in table.column_names]
+    if missing:
+        raise ValueError(f"changes table lacks column(s) {missing}; expected {CHANGES_SCHEMA}")
+    table = table.select(CHANGES_SCHEMA.names)
+    if table.schema != CHANGES_SCHEMA:
+        table = table.cast(CHANGES_SCHEMA)
+    return table
+
+
+# ------------------------------------------------------------------ writing
+
+def _batch_ids(kg: np.ndarray, row_bytes: np.ndarray, target: int) -> np.ndarray:
+    """Assigns sorted rows to batches: whole key-group runs packed up to ~target bytes;
+    a run bigger than target is alone and split by rows. Vectorised; rows are never looped over."""
+    n = len(kg)
+    run_first = np.ones(n, dtype=bool)
+    run_first[1:] = kg[1:] != kg[:-1]
+    run_start = np.flatnonzero(run_first)
+    run_of_row = np.cumsum(run_first) - 1
+    before = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(row_bytes, out=before[1:])
+    run_bytes = np.add.reduceat(row_bytes, run_start)
+    run_begin = before[run_start]
+    big = run_bytes > target
+    bucket = run_begin // target
+    new_group = np.ones(len(run_start), dtype=bool)
+    new_group[1:] = (bucket[1:] != bucket[:-1]) | big[1:] | big[:-1]
+    group_of_run = np.cumsum(new_group) - 1
+    group = group_of_run[run_of_row]
+    sub = np.where(big[run_of_row], (before[:-1] - run_begin[run_of_row]) // target, 0)
+    first = np.ones(n, dtype=bool)
+    first[1:] = (group[1:] != group[:-1]) | (sub[1:] != sub[:-1])
+    return np.cumsum(first) - 1
+
+
+def encode(table: pa.Table, compression_level: int = 3, *, sorted_by_kg: bool = False,
+           target_batch_bytes: int = TARGET_BATCH_BYTES) -> EncodedFile:
+    """Serialises rows (CHANGES_SCHEMA) into one state file; sorts by key group unless told they are."""
+    table = conform(table)
+    if not sorted_by_kg and table.num_rows > 1:
+        table = table.sort_by([("kg", "ascending")])
+    table = table.combine_chunks()
+    n = table.num_rows
+    kg = table.column("kg").to_numpy()
+    if n:
+        key_len = pc.binary_length(table.column("key")).to_numpy().astype(np.int64)
+        val_len = pc.fill_null(pc.binary_length(table.column("value")), 0).to_numpy().astype(np.int64)
+        batch = _batch_ids(kg, key_len + val_len + _ROW_OVERHEAD, target_batch_bytes)
+        batch_first = np.flatnonzero(np.diff(batch, prepend=-1) != 0)
+    else:
+        batch = np.zeros(0, dtype=np.int64)
+        batch_first = np.zeros(0, dtype=np.int64)
+    batch_rows = np.diff(np.append(batch_first, n))
+
+    options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, CHANGES_SCHEMA, options=options) as writer:
+        for start, rows in zip(batch_first.tolist(), batch_rows.tolist()):
+            writer.write_table(table.slice(start, rows))
+    data = sink.getvalue()
+
+    # Byte range of each batch message: walk the stream's message framing (no decoding).
+    src = pa.BufferReader(data)
+    reader = pa.ipc.MessageReader.open_stream(src)
+    bounds = []
+    while True:
+        try:
+            reader.read_next_message()
+        except StopIteration:
+            break
+        bounds.append(src.tell())
+    offsets = np.asarray(bounds[:-1], dtype=np.int64)   # first message is the schema
+    lengths = np.diff(np.asarray(bounds, dtype=np.int64))
+    view = memoryview(data)
+    crcs = np.fromiter((zlib.crc32(view[o:o + ln]) for o, ln in zip(offsets.tolist(), lengths.tolist())),
+                       dtype=np.uint32, count=len(offsets))
+
+    # One index row per (key group, batch) run.
+    if n:
+        entry_first = np.ones(n, dtype=bool)
+        entry_first[1:] = (kg[1:] != kg[:-1]) | (batch[1:] != batch[:-1])
+        entry_start = np.flatnonzero(entry_first)
+        entry_batch = batch[entry_start]
+        index = pa.table({
+            "kg": pa.array(kg[entry_start], pa.int32()),
+            "offset": pa.array(offsets[entry_batch]),
+            "length": pa.array(lengths[entry_batch]),
+            "crc": pa.array(crcs[entry_batch], pa.uint32()),
+            "row_start": pa.array(entry_start - batch_first[entry_batch]),
+            "rows": pa.array(np.diff(np.append(entry_start, n))),
+        }, schema=INDEX_SCHEMA)
+    else:
+        index = INDEX_SCHEMA.empty_table()
+    index_sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(index_sink, INDEX_SCHEMA, options=options) as writer:
+        writer.write_table(index)
+    index_bytes = index_sink.getvalue()
+    index_offset = data.size
+    trailer = _TRAILER.pack(index_offset, index_bytes.size, MAGIC)
+    blob = b"".join((view, memoryview(index_bytes), trailer))
+    return EncodedFile(blob, n, crc32_hex(blob), index_offset, index_bytes.size, crc32_hex(index_bytes))
+
+
+# ------------------------------------------------------------------ reading
+
+def _corrupt(name: str, why: str) -> ChecksumMismatch:
+    return ChecksumMismatch(
+        f"state file {name} {why}; it is corrupted or truncated. Restore from another version "
+        f"(or another checkpoint) — this file's rows cannot be trusted."
+    )
+
+
+def check_whole(data, name: str, size: int, checksum: str) -> None:
+    """Verifies a whole file against its manifest entry (size first: catches truncation cheaply)."""
+    if len(data) != size:
+        raise _corrupt(name, f"has {len(data)} bytes but its manifest recorded {size}")
+    actual = crc32_hex(data)
+    if actual != checksum:
+        raise _corrupt(name, f"has checksum {actual} but its manifest recorded {checksum}")
+
+
+def read_trailer(data: bytes, name: str) -> tuple[int, int]:
+    """(index offset, index length) from a file's last bytes; for inspection without a manifest."""
+    if len(data) < TRAILER_SIZE:
+        raise _corrupt(name, "is shorter than its trailer")
+    offset, length, magic = _TRAILER.unpack(data[-TRAILER_SIZE:])
+    if magic[:-1] != MAGIC[:-1]:
+        raise _corrupt(name, "does not end with the spark_state file magic")
+    if magic[-1] > FILE_FORMAT_VERSION:
+        raise FormatVersionError(
+            f"state file {name} has file format version {magic[-1]}, newer than the {FILE_FORMAT_VERSION} "
+            f"this spark_state reads; upgrade spark_state on the executors."
+        )
+    return offset, length
+
+
+def decode(data, name: str) -> pa.Table:
+    """All rows of a whole file (its data part is a plain Arrow IPC stream)."""
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    except (pa.ArrowInvalid, pa.ArrowException, OSError) as err:
+        raise _corrupt(name, f"cannot be decoded ({err})") from None
+    if table.schema != CHANGES_SCHEMA:
+        raise _corrupt(name, f"has schema {table.schema}, expected {CHANGES_SCHEMA}")
+    return table
+
+
+def decode_index(data, name: str, checksum: str | None) -> pa.Table:
+    if checksum is not None and crc32_hex(data) != checksum:
+        raise _corrupt(name, f"has a key-group index with checksum {crc32_hex(data)}, expected {checksum}")
+    try:
+        index = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    except (pa.ArrowInvalid, pa.ArrowException, OSError) as err:
+        raise _corrupt(name, f"has an unreadable key-group index ({err})") from None
+    if index.schema != INDEX_SCHEMA:
+        raise _corrupt(name, "has a key-group index with an unexpected schema")
+    return index
+
+
+def read_key_groups(fetch: Fetch, name: str, index_offset: int, index_length: int, index_checksum: str | None,
+                    key_groups: np.ndarray, verify: bool = True) -> pa.Table:
+    """Rows of the given key groups (sorted int32 array), reading only the index and their batches."""
+    (index_bytes,) = fetch([(index_offset, index_offset + index_length)])
+    index = decode_index(index_bytes, name, index_checksum if verify else None)
+    kg = index.column("kg").to_numpy()
+    pick = np.flatnonzero(np.isin(kg, key_groups))
+    if len(pick) == 0:
+        return empty_table()
+    offsets = index.column("offset").to_numpy()[pick]
+    lengths = index.column("length").to_numpy()[pick]
+    crcs = index.column("crc").to_numpy()[pick]
+    row_start = index.column("row_start").to_numpy()[pick]
+    rows = index.column("rows").to_numpy()[pick]
+
+    block_offsets, first_pick, block_of_pick = np.unique(offsets, return_index=True, return_inverse=True)
+    block_lengths = lengths[first_pick]
+    # Coalesce adjacent batches into one range request each.
+    ends = block_offsets + block_lengths
+    run_first = np.ones(len(block_offsets), dtype=bool)
+    run_first[1:] = block_offsets[1:] != ends[:-1]
+    run_id = np.cumsum(run_first) - 1
+    run_starts = block_offsets[run_first]
+    run_ends = np.maximum.reduceat(ends, np.flatnonzero(run_first))
+    chunks = fetch(list(zip(run_starts.tolist(), run_ends.tolist())))
+
+    batches = []
+    for b, (off, ln) in enumerate(zip(block_offsets.tolist(), block_lengths.tolist())):
+        run = run_id[b]
+        rel = off - int(run_starts[run])
+        block = memoryview(chunks[run])[rel:rel + ln]
+        if len(block) != ln:
+            raise _corrupt(name, f"is truncated: batch at byte {off} has {len(block)} of {ln} bytes")
+        if verify and zlib.crc32(block) != int(crcs[first_pick[b]]):
+            raise _corrupt(name, f"has a batch at byte {off} whose CRC-32 does not match its index")
+        try:
+            batches.append(pa.ipc.read_record_batch(pa.ipc.read_message(pa.py_buffer(block)), CHANGES_SCHEMA))
+        except (pa.ArrowInvalid, pa.ArrowException, OSError) as err:
+            raise _corrupt(name, f"has an undecodable batch at byte {off} ({err})") from None
+    table = pa.Table.from_batches(batches, schema=CHANGES_SCHEMA)
+
+    # Global row positions of each picked run, then one vectorised take.
+    batch_base = np.zeros(len(batches) + 1, dtype=np.int64)
+    np.cumsum([b.num_rows for b in batches], out=batch_base[1:])
+    starts = batch_base[block_of_pick] + row_start
+    total = int(rows.sum())
+    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(rows) - rows, rows)
+    take = np.repeat(starts, rows) + within
+    return table.take(pa.array(take))

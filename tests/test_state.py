@@ -1,0 +1,336 @@
+"""VersionedStore against a plain dict model, plus the failure modes the worker relies on."""
+
+import json
+import shutil
+import tempfile
+import threading
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from spark_state.errors import (
+    ChecksumMismatch, FormatVersionError, MaxParallelismChanged, ProtocolError, StateLost, StateTooLarge,
+    VersionNotFound,
+)
+from spark_state.keygroups import key_groups_of
+from spark_state.manifest import Manifest
+from spark_state.options import Settings
+from spark_state.state import CHANGES_SCHEMA, StoreRef, VersionedStore, forget_stores, merge_chain, open_store
+from spark_state.storage import FileSystemCheckpointStorage, MemoryCheckpointStorage, clear_registry
+
+M = 16
+KEYS = [b"k%d" % i for i in range(10)] + [b"", b"\x00\xff"]
+# Hashes: a few keys share one (collisions must not merge different keys), spread over key groups.
+HASHES = {k: h for k, h in zip(KEYS, [5, -5, 21, 2**31 - 1, -(2**31), 7, 7, 0, 16, -16, 3, 3])}
+
+
+def changes(pending: dict) -> pa.Table:
+    keys = list(pending)
+    hashes = np.array([HASHES[k] for k in keys], dtype=np.int32)
+    return pa.table({"kg": pa.array(key_groups_of(hashes, M)), "hash": pa.array(hashes),
+                     "key": pa.array(keys, pa.binary()), "value": pa.array([pending[k] for k in keys], pa.binary())},
+                    schema=CHANGES_SCHEMA)
+
+
+def as_dict(table: pa.Table) -> dict:
+    assert table.schema == CHANGES_SCHEMA
+    assert table.column("value").null_count == 0
+    kgs = table.column("kg").to_numpy()
+    assert (np.diff(kgs) >= 0).all()
+    keys = table.column("key").to_pylist()
+    assert len(set(keys)) == len(keys)
+    for k, kg, h in zip(keys, kgs, table.column("hash").to_pylist()):
+        assert h == HASHES[k] and kg == h % M
+    return dict(zip(keys, table.column("value").to_pylist()))
+
+
+class Backend:
+    def __init__(self, kind):
+        self.kind, self.tmp = kind, tempfile.mkdtemp()
+        self.root = {"file": f"file://{self.tmp}/s", "memory-fs": f"memory://{uuid.uuid4().hex}/s",
+                     "memory": f"file://{self.tmp}/m"}[kind]
+
+    def store(self, **kw):
+        opts = dict(max_parallelism=M, snapshot_interval=2)
+        opts.update(kw)
+        s = Settings(**opts)
+        if self.kind == "memory":
+            return VersionedStore(MemoryCheckpointStorage(self.root, 64 << 20), s)
+        return VersionedStore(FileSystemCheckpointStorage(self.root), s)
+
+    def close(self):
+        if self.kind == "memory":
+            clear_registry(self.root)
+        elif self.kind == "memory-fs":
+            st = FileSystemCheckpointStorage(self.root)
+            if st.fs.exists(st._base):
+                st.fs.rm(st._base.rsplit("/", 1)[0], recursive=True)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def assert_files_of_kept_versions_exist(store):
+    present = set(store.storage.list_files())
+    for v in store.versions():
+        manifest = Manifest.from_json(store.storage.read_manifest(v), str(v))
+        missing = set(manifest.paths) - present
+        assert not missing, f"version {v} references deleted files {missing}"
+
+
+value = st.one_of(st.none(), st.binary(max_size=20))
+op = st.one_of(
+    st.tuples(st.just("put"), st.sampled_from(KEYS), value),
+    st.tuples(st.just("commit")),
+    st.tuples(st.just("recommit"), st.integers(0, 10)),
+    st.tuples(st.just("maintenance"), st.integers(1, 4)),
+    st.tuples(st.just("load"), st.integers(0, 10)),
+    st.tuples(st.just("load_kg"), st.integers(0, 10), st.sets(st.integers(0, M - 1), max_size=5)),
+    st.tuples(st.just("reopen")),
+)
+
+
+@pytest.mark.parametrize("kind", ["file", "memory-fs", "memory"])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(op, max_size=50))
+def test_model(kind, ops):
+    backend = Backend(kind)
+    try:
+        store = backend.store()
+        model = {0: {}}              # version -> state
+        pending: dict = {}
+        for o in ops:
+            name = o[0]
+            if name == "put":
+                pending[o[1]] = o[2]
+            elif name in ("commit", "recommit"):
+                latest = max(model)
+                if name == "commit":
+                    v = latest + 1
+                else:
+                    existing = sorted(model)
+                    v = max(1, existing[o[1] % len(existing)])
+                if v - 1 not in model:
+                    with pytest.raises(VersionNotFound):
+                        store.commit(v, changes(pending))
+                    continue
+                store.commit(v, changes(pending))
+                state = dict(model[v - 1])
+                for k, x in pending.items():
+                    if x is None:
+                        state.pop(k, None)
+                    else:
+                        state[k] = x
+                model[v] = state
+                pending = {}
+            elif name == "maintenance":
+                store.maintenance(o[1])
+                committed = sorted(v for v in model if v > 0)
+                for v in committed[:-o[1]]:
+                    del model[v]
+                assert_files_of_kept_versions_exist(store)
+            elif name in ("load", "load_kg"):
+                existing = sorted(model)
+                v = existing[o[1] % len(existing)]
+                if name == "load":
+                    assert as_dict(store.load(v)) == model[v]
+                else:
+                    wanted = o[2]
+                    expect = {k: x for k, x in model[v].items() if HASHES[k] % M in wanted}
+                    assert as_dict(store.load(v, key_groups=sorted(wanted))) == expect
+            elif name == "reopen":   # a new VersionedStore on the same root (process restart for file storage)
+                store = backend.store()
+            assert store.versions() == sorted(v for v in model if v > 0)
+            assert store.latest_version() == (max(model) if max(model) > 0 else None)
+        for v in model:
+            assert as_dict(store.load(v)) == model[v]
+        missing = max(model) + 1
+        with pytest.raises(VersionNotFound):
+            store.load(missing)
+    finally:
+        backend.close()
+
+
+@pytest.fixture
+def fs_store(tmp_path):
+    return VersionedStore(FileSystemCheckpointStorage(f"file://{tmp_path}/s"), Settings(max_parallelism=M))
+
+
+def test_load_missing_version_names_store_and_versions(fs_store):
+    fs_store.commit(1, changes({b"k1": b"a"}))
+    fs_store.commit(2, changes({b"k1": b"b"}))
+    with pytest.raises(VersionNotFound) as info:
+        fs_store.load(5)
+    assert "version 5" in str(info.value) and "versions present: 1-2" in str(info.value)
+    assert fs_store.storage.root in str(info.value)
+    with pytest.raises(VersionNotFound):
+        fs_store.commit(7, changes({}))     # builds on a missing version 6
+    assert fs_store.load(0).num_rows == 0
+
+
+def test_crash_between_data_and_manifest_leaves_no_version(tmp_path):
+    class ManifestFails(FileSystemCheckpointStorage):
+        def commit_manifest(self, version, data):
+            raise OSError("disk full")
+
+    root = f"file://{tmp_path}/s"
+    good = VersionedStore(FileSystemCheckpointStorage(root), Settings(max_parallelism=M))
+    good.commit(1, changes({b"k1": b"a"}))
+    crashing = VersionedStore(ManifestFails(root), Settings(max_parallelism=M))
+    with pytest.raises(OSError):
+        crashing.commit(2, changes({b"k2": b"b"}))
+    assert good.versions() == [1]
+    with pytest.raises(VersionNotFound):
+        good.load(2)
+    # A process killed after the data write (no cleanup ran) leaves an orphan that abort / retention collect.
+    orphan = good.storage.new_file_path(2, "delta")
+    good.storage.write_file(orphan, b"half a commit")
+    good.abort(2)
+    assert orphan not in good.storage.list_files()
+    good.commit(2, changes({b"k2": b"b"}))
+    assert as_dict(good.load(2)) == {b"k1": b"a", b"k2": b"b"}
+
+
+def test_recommit_replaces_cleanly(fs_store):
+    fs_store.commit(1, changes({b"k1": b"a"}))
+    fs_store.commit(2, changes({b"k2": b"b"}))
+    first = set(fs_store.storage.list_files())
+    fs_store.commit(2, changes({b"k3": b"c"}))
+    assert as_dict(fs_store.load(2)) == {b"k1": b"a", b"k3": b"c"}
+    assert first <= set(fs_store.storage.list_files()), "a re-commit never overwrites an existing file"
+    fs_store.maintenance(5)
+    assert len(fs_store.storage.list_files()) == 2, "the replaced delta is collected"
+
+
+def test_corrupted_and_truncated_files_name_the_file(tmp_path):
+    store = VersionedStore(FileSystemCheckpointStorage(f"file://{tmp_path}/s"), Settings(max_parallelism=M))
+    store.commit(1, changes({k: b"v" * 50 for k in KEYS}))
+    (path,) = store.storage.list_files()
+    full = tmp_path / "s" / path
+    data = full.read_bytes()
+    full.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
+    with pytest.raises(ChecksumMismatch, match=path):
+        store.load(1)
+    full.write_bytes(data[:-10])
+    with pytest.raises(ChecksumMismatch, match=path):
+        store.load(1)
+    full.write_bytes(data)
+    assert len(as_dict(store.load(1))) == len(KEYS)
+    manifest = tmp_path / "s" / "chk-1" / "_metadata"
+    manifest.write_bytes(manifest.read_bytes()[:-30])
+    with pytest.raises(ChecksumMismatch, match="chk-1/_metadata"):
+        store.load(1)
+
+
+def test_newer_manifest_format_is_refused(fs_store, tmp_path):
+    fs_store.commit(1, changes({b"k1": b"a"}))
+    path = tmp_path / "s" / "chk-1" / "_metadata"
+    body = json.loads(path.read_bytes())
+    body["format"] = 99
+    path.write_text(json.dumps(body))
+    with pytest.raises(FormatVersionError, match="format version 99"):
+        fs_store.load(1)
+
+
+def test_max_parallelism_change_is_refused(tmp_path):
+    root = f"file://{tmp_path}/s"
+    VersionedStore(FileSystemCheckpointStorage(root), Settings(max_parallelism=M)).commit(1, changes({b"k1": b"a"}))
+    other = VersionedStore(FileSystemCheckpointStorage(root), Settings(max_parallelism=32))
+    with pytest.raises(MaxParallelismChanged, match=f"maxParallelism={M}"):
+        other.load(1)
+    bad = changes({b"k1": b"b"})
+    bad = bad.set_column(0, "kg", pa.array(key_groups_of(bad.column("hash"), 32)))
+    with pytest.raises(MaxParallelismChanged):
+        other.commit(2, bad)
+    with pytest.raises(ProtocolError, match="not pmod"):   # kg computed with another M than configured
+        VersionedStore(FileSystemCheckpointStorage(root), Settings(max_parallelism=M)).commit(2, bad)
+
+
+def test_memory_storage_limit_and_state_lost(tmp_path):
+    ref = StoreRef(f"file:{tmp_path}/q/state", f"file:{tmp_path}/q/state/0/1", 0, 1)
+    s = Settings(storage="memory", max_parallelism=M, memory_max_state_size=4096,
+                 memory_metadata_dir=f"file://{tmp_path}/meta")
+    forget_stores()
+    store = open_store(ref, s)
+    assert open_store(ref, s) is store
+    store.commit(1, changes({b"k1": b"a"}))
+    rng = np.random.default_rng(0)
+    with pytest.raises(StateTooLarge, match="maxStateSize"):
+        store.commit(2, changes({b"k2": rng.bytes(20_000)}))
+    assert store.versions() == [1]
+    clear_registry(store.storage.root)   # a new worker process: the memory is gone, the metadata dir is not
+    forget_stores()
+    fresh = open_store(ref, s)
+    assert fresh.latest_version() == 1
+    with pytest.raises(StateLost, match="storage=filesystem"):
+        fresh.load(1)
+    clear_registry(fresh.storage.root)
+    forget_stores()
+
+
+def test_compaction_failure_in_memory_is_reported_on_commit():
+    root = f"compaction-limit-{uuid.uuid4().hex}"
+    store = VersionedStore(MemoryCheckpointStorage(root, 6000), Settings(max_parallelism=M, snapshot_interval=2))
+    rng = np.random.default_rng(0)
+    for v, k in enumerate(KEYS[:4], start=1):   # each delta fits, the whole state does not
+        store.commit(v, changes({k: rng.bytes(2500)}))
+    store.maintenance(10)
+    with pytest.raises(StateTooLarge, match="maxStateSize"):
+        store.commit(5, changes({}))
+    clear_registry(root)
+
+
+def test_compaction_folds_chain_and_later_commits_build_on_it(fs_store):
+    fs_store.settings = Settings(max_parallelism=M, snapshot_interval=3)
+    for v in range(1, 5):
+        fs_store.commit(v, changes({KEYS[v]: b"%d" % v, KEYS[0]: b"%d" % v}))
+    fs_store.maintenance(1)
+    assert fs_store.versions() == [4]
+    manifest = Manifest.from_json(fs_store.storage.read_manifest(4), "4")
+    assert [f.kind for f in manifest.files] == ["snapshot"] and manifest.rows == 5
+    fs_store.commit(5, changes({KEYS[1]: None}))
+    manifest = Manifest.from_json(fs_store.storage.read_manifest(5), "5")
+    assert [f.kind for f in manifest.files] == ["snapshot", "delta"]
+    assert as_dict(fs_store.load(5)) == {KEYS[0]: b"4", KEYS[2]: b"2", KEYS[3]: b"3", KEYS[4]: b"4"}
+    assert len(fs_store.storage.list_files()) == 2
+
+
+def test_maintenance_in_background_never_breaks_commits_or_loads(tmp_path):
+    store = VersionedStore(FileSystemCheckpointStorage(f"file://{tmp_path}/s"),
+                           Settings(max_parallelism=M, snapshot_interval=2))
+    stop = threading.Event()
+    errors = []
+
+    def maintain():
+        while not stop.is_set():
+            try:
+                store.maintenance(2)
+            except Exception as err:  # pragma: no cover - reported below
+                errors.append(err)
+
+    thread = threading.Thread(target=maintain)
+    thread.start()
+    model = {}
+    try:
+        for v in range(1, 41):
+            update = {KEYS[v % len(KEYS)]: b"%d" % v, KEYS[(v * 7) % len(KEYS)]: None if v % 3 == 0 else b"x"}
+            store.commit(v, changes(update))
+            for k, x in update.items():
+                model.pop(k, None) if x is None else model.__setitem__(k, x)
+            assert as_dict(store.load(v)) == model
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors
+    store.maintenance(2)
+    assert store.versions() == [39, 40]
+    assert_files_of_kept_versions_exist(store)
+
+
+def test_merge_chain_last_write_wins_and_deletes():
+    base = changes({b"k1": b"a", b"k2": b"b", b"k5": b"e"})
+    d1 = changes({b"k2": None, b"k5": b"E", b"k6": b"f"})   # k5 and k6 share a hash (collision)
+    d2 = changes({b"k2": b"again", b"k1": None})
+    assert as_dict(merge_chain([base, d1, d2])) == {b"k2": b"again", b"k5": b"E", b"k6": b"f"}
+    assert merge_chain([]).num_rows == 0

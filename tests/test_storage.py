@@ -1,0 +1,145 @@
+"""Checkpoint storages: layout, atomic manifests, listing, deletion, URL resolution, memory limits."""
+
+import os
+
+import pytest
+
+from spark_state.errors import StateLost, StateTooLarge, StorageError, VersionNotFound
+from spark_state.options import OptionError, Settings
+from spark_state.state import StoreRef
+from spark_state.storage import (
+    FileSystemCheckpointStorage, MemoryCheckpointStorage, clear_registry, normalize_url, resolve_root, storage_for,
+)
+from spark_state.storage.base import file_version, format_versions
+
+
+@pytest.fixture(params=["file", "memory-fs", "memory"])
+def storage(request, tmp_path):
+    if request.param == "file":
+        yield FileSystemCheckpointStorage(f"file://{tmp_path}/store")
+    elif request.param == "memory-fs":
+        root = f"memory://{tmp_path.name}/store"
+        yield FileSystemCheckpointStorage(root)
+        FileSystemCheckpointStorage(root).fs.rm(f"/{tmp_path.name}", recursive=True)
+    else:
+        root = f"file://{tmp_path}/mem"
+        yield MemoryCheckpointStorage(root, max_state_size=1 << 20)
+        clear_registry(root)
+
+
+def test_write_read_ranges_and_listing(storage):
+    path = storage.new_file_path(3, "delta")
+    assert file_version(path) == 3 and path.startswith("shared/")
+    storage.write_file(path, b"0123456789")
+    assert storage.read_file(path) == b"0123456789"
+    assert [bytes(b) for b in storage.read_ranges(path, [(0, 2), (5, 9)])] == [b"01", b"5678"]
+    assert storage.list_files() == [path]
+    assert storage.list_versions() == []          # data without a manifest is not a version
+    with pytest.raises(VersionNotFound, match="versions present: none"):
+        storage.read_manifest(3)
+    storage.commit_manifest(3, b"m3")
+    storage.commit_manifest(4, b"m4")
+    assert storage.list_versions() == [3, 4]
+    assert storage.read_manifest(3) == b"m3"
+    stamp = storage.list_manifests()[3]
+    storage.commit_manifest(3, b"m3-replaced")    # re-commit replaces
+    assert storage.read_manifest(3) == b"m3-replaced"
+    assert storage.list_manifests()[3] != stamp
+    storage.delete_version(3)
+    assert storage.list_versions() == [4]
+    with pytest.raises(VersionNotFound, match="versions present: 4"):
+        storage.read_manifest(3)
+    storage.delete_files([path, "shared/nope"])
+    assert storage.list_files() == []
+
+
+def test_local_layout_and_atomic_manifest(tmp_path):
+    st = FileSystemCheckpointStorage(f"file:{tmp_path}/s")   # Hadoop style, one slash, is accepted too
+    st.write_file(st.new_file_path(1, "snapshot"), b"x")
+    st.commit_manifest(1, b"one")
+    st.commit_manifest(1, b"two")
+    root = tmp_path / "s"
+    assert sorted(os.listdir(root)) == ["chk-1", "shared"]          # no taskowned/, no junk
+    assert os.listdir(root / "chk-1") == ["_metadata"]             # no temp files left behind
+    assert (root / "chk-1" / "_metadata").read_bytes() == b"two"
+
+
+def test_missing_data_file_is_a_clear_error(tmp_path):
+    st = FileSystemCheckpointStorage(f"file://{tmp_path}/s")
+    with pytest.raises(StorageError, match="is missing"):
+        st.read_file("shared/v0000000001-delta-00.arrow")
+
+
+def test_normalize_url():
+    assert normalize_url("file:/tmp/q/state/0/3") == "file:///tmp/q/state/0/3"
+    assert normalize_url("file:///tmp/q") == "file:///tmp/q"
+    assert normalize_url("file://localhost/tmp/q") == "file:///tmp/q"
+    assert normalize_url("/tmp/q/") == "file:///tmp/q/"
+    assert normalize_url("s3://bucket/a/b/") == "s3://bucket/a/b"
+    assert normalize_url("memory://x/y") == "memory://x/y"
+    for bad in ["relative/path", "", "s3:bucket", "file:relative", "file://otherhost/x", "C:\\x"]:
+        with pytest.raises(StorageError):
+            normalize_url(bad)
+
+
+def test_resolve_root():
+    ref = StoreRef("file:/tmp/q/state", "file:/tmp/q/state/0/3", 0, 3)
+    assert resolve_root(ref, Settings()) == "file:///tmp/q/state/0/3"
+    other = StoreRef("file:/tmp/other/state", "file:/tmp/other/state/0/3", 0, 3)
+    a = resolve_root(ref, Settings(checkpoint_root="/data/ckpt"))
+    b = resolve_root(other, Settings(checkpoint_root="/data/ckpt"))
+    assert a.startswith("file:///data/ckpt/") and a.endswith("/0/3/default")
+    assert a != b, "two queries must never share a directory"
+    join = StoreRef("file:/tmp/q/state", "file:/tmp/q/state/0/3/left-keyToNumValues", 0, 3, "left-keyToNumValues")
+    assert resolve_root(join, Settings()) == "file:///tmp/q/state/0/3/left-keyToNumValues"
+
+
+def test_storage_for_errors(tmp_path):
+    ref = StoreRef(f"file:{tmp_path}", f"file:{tmp_path}/0/0", 0, 0)
+    assert isinstance(storage_for(ref, Settings()), FileSystemCheckpointStorage)
+    assert isinstance(storage_for(ref, Settings(storage="memory")), MemoryCheckpointStorage)
+    with pytest.raises(OptionError, match="storage='rocksdb' is not known"):
+        storage_for(ref, Settings(storage="rocksdb"))
+    with pytest.raises(OptionError):
+        Settings.from_conf({"storage": "tape"})
+    with pytest.raises(StorageError, match="neither a URL nor an absolute path"):
+        storage_for(StoreRef("x", "relative/0/0", 0, 0), Settings())
+    with pytest.raises(StorageError, match="cannot use checkpoint storage URL"):
+        storage_for(StoreRef("x", "nosuchproto://b/0/0", 0, 0), Settings())
+
+
+def test_memory_limit_message_names_size_limit_and_fix():
+    st = MemoryCheckpointStorage("memory-limit-test", max_state_size=1000)
+    with pytest.raises(StateTooLarge) as info:
+        st.write_file(st.new_file_path(7, "delta"), b"x" * 5000)
+    msg = str(info.value)
+    assert "5000 bytes" in msg and "1000 bytes" in msg
+    assert "spark.sql.streaming.stateStore.sparkState.memory.maxStateSize" in msg
+    assert "storage=filesystem" in msg
+    assert st.list_files() == []
+    clear_registry("memory-limit-test")
+
+
+def test_memory_registry_is_shared_and_lost_with_the_process(tmp_path):
+    root = "registry-test-root"
+    meta = f"file://{tmp_path}/meta"
+    a = MemoryCheckpointStorage(root, 1 << 20, meta)
+    a.write_file("shared/v0000000001-snapshot-aa.arrow", b"data")
+    a.commit_manifest(1, b"manifest")
+    b = MemoryCheckpointStorage(root, 1 << 20, meta)
+    assert b.read_manifest(1) == b"manifest"      # same root, same process: same files
+    clear_registry(root)                           # a new worker process
+    c = MemoryCheckpointStorage(root, 1 << 20, meta)
+    assert c.list_versions() == [1]               # the durable manifest still says version 1 exists
+    with pytest.raises(StateLost, match="has ended") as info:
+        c.read_manifest(1)
+    assert "storage=filesystem" in str(info.value)
+    with pytest.raises(VersionNotFound):
+        c.read_manifest(2)
+    with pytest.raises(StateLost):
+        c.read_file("shared/v0000000001-snapshot-aa.arrow")
+
+
+def test_format_versions():
+    assert format_versions([1, 2, 3, 5, 7, 8]) == "1-3, 5, 7-8"
+    assert format_versions([]) == "none"
