@@ -164,8 +164,11 @@ def filter_rows(table: pa.Table, partition: int, num_partitions: int) -> pa.Tabl
 
 def as_key_group_array(key_groups: Iterable[int] | np.ndarray, max_parallelism: int) -> np.ndarray:
     """Normalises a caller's key-group selection to sorted unique int32, rejecting out-of-range ids."""
-    arr = np.unique(np.asarray(list(key_groups) if not isinstance(key_groups, np.ndarray) else key_groups,
-                               dtype=np.int64))
+    if isinstance(key_groups, (pa.Array, pa.ChunkedArray)):
+        key_groups = key_groups.to_numpy(zero_copy_only=False)
+    elif not isinstance(key_groups, np.ndarray):
+        key_groups = list(key_groups)
+    arr = np.unique(np.asarray(key_groups, dtype=np.int64))
     if len(arr) and (arr[0] < 0 or arr[-1] >= max_parallelism):
         bad = arr[0] if arr[0] < 0 else arr[-1]
         raise ValueError(f"key group {bad} is outside [0, {max_parallelism}) for max parallelism {max_parallelism}")

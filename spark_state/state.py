@@ -38,6 +38,9 @@ from spark_state.storage.base import file_version, manifest_path
 
 log = logging.getLogger(__name__)
 
+#: Manifests kept in memory per store (retention re-reads only those whose listing stamp changed).
+_CACHE_LIMIT = 1024
+
 __all__ = ["CHANGES_SCHEMA", "StoreRef", "CommitResult", "VersionedStore", "open_store", "merge_chain"]
 
 
@@ -182,6 +185,9 @@ class VersionedStore:
                 self.storage.delete_files([path])
                 raise
             self._cache[version] = (None, manifest)
+            if len(self._cache) > _CACHE_LIMIT:   # maintenance normally trims it; bound it anyway
+                for old in sorted(self._cache)[:len(self._cache) - _CACHE_LIMIT]:
+                    del self._cache[old]
             if self._latest is None or version >= self._latest.version:
                 self._latest = manifest
             log.debug("committed %s version %d: %d rows, %d bytes", self.name, version, encoded.rows, encoded.size)

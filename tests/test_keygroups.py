@@ -119,3 +119,9 @@ def test_validation_errors():
     with pytest.raises(MaxParallelismChanged, match="maxParallelism=128"):
         check_same_max_parallelism(128, 256, "store x")
     check_same_max_parallelism(128, 128, "store x")
+
+
+def test_key_group_selection_accepts_arrays():
+    assert as_key_group_array(pa.array([3, 1, 3], pa.int32()), 8).tolist() == [1, 3]
+    assert as_key_group_array(np.array([7, 0]), 8).tolist() == [0, 7]
+    assert as_key_group_array(range(2), 8).tolist() == [0, 1]
