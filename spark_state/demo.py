@@ -80,6 +80,7 @@ def run_phase(workdir: Path, phase: int, storage: str) -> None:
 
     import spark_state
 
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # pandas UDFs need this venv's pyarrow
     log4j = Path(__file__).resolve().parent.parent / "conf" / "log4j2.properties"
     builder = (
         SparkSession.builder.master("local[2]").appName(f"spark_state demo, run {phase}")
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         ok &= good
         table.add_row(user, str(before), str(second_half.get(user, 0)), str(after),
                       str(expected[user]) + ("" if good else "  MISMATCH"),
-                      "closed (timed out)" if user in closed else "open")
+                      "timed out" if user in closed else "open")
     console.print(table)
     state_files = sorted(p for p in (workdir / "checkpoint" / "state").rglob("*") if p.is_file())
     console.print(f"\ncheckpoint: {workdir / 'checkpoint'} ({len(state_files)} state files), e.g.:")
