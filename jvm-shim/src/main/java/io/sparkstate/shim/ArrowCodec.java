@@ -27,9 +27,9 @@ final class ArrowCodec {
   private static final BufferAllocator ROOT = new RootAllocator(Long.MAX_VALUE);
 
   static final Schema SCHEMA = new Schema(Arrays.asList(
-      Field.notNullable("kg", new ArrowType.Int(32, true)),
-      Field.notNullable("hash", new ArrowType.Int(32, true)),
-      Field.notNullable("key", ArrowType.Binary.INSTANCE),
+      Field.nullable("kg", new ArrowType.Int(32, true)),
+      Field.nullable("hash", new ArrowType.Int(32, true)),
+      Field.nullable("key", ArrowType.Binary.INSTANCE),
       Field.nullable("value", ArrowType.Binary.INSTANCE)));
 
   private ArrowCodec() {}

@@ -75,6 +75,8 @@ public class SparkStateProvider implements StateStoreProvider {
   private StateMap live;
   /** The store opened by getStore and not yet committed or aborted. Guarded by {@code this}. */
   private SparkStateStore open;
+  /** Time spent loading {@link #live} not yet reported by a store's metrics. Guarded by {@code this}. */
+  private long unreportedLoadMs;
 
   public SparkStateProvider() {
     StateStoreProvider.$init$(this);
@@ -159,6 +161,8 @@ public class SparkStateProvider implements StateStoreProvider {
     this.hasher = new KeyHasher(keySchema,
         KeyHasher.hashFieldCount(keySchema, numColsPrefixKey, stateStoreId.storeName()), maxParallelism);
 
+    createStoreDirectory();
+
     ObjectNode store = WorkerClient.header("store");
     store.remove("op");
     store.put("sparkRoot", stateStoreId.checkpointRootLocation());
@@ -167,6 +171,21 @@ public class SparkStateProvider implements StateStoreProvider {
     store.put("partition", stateStoreId.partitionId());
     store.put("name", stateStoreId.storeName());
     this.storeNode = store;
+  }
+
+  /**
+   * Creates Spark's directory of this store, as Spark's own providers do: Spark's readers of the
+   * checkpoint (the statestore data source) find partitions by listing these directories, whatever
+   * storage the worker uses.
+   */
+  private void createStoreDirectory() {
+    org.apache.hadoop.fs.Path dir = stateStoreId.storeCheckpointLocation();
+    try {
+      dir.getFileSystem(hadoopConf).mkdirs(dir);
+    } catch (IOException | RuntimeException e) {
+      LOG.warn("spark_state: cannot create {} (Spark's readers of the checkpoint may miss this partition): {}",
+          dir, e.toString());
+    }
   }
 
   private void validateOptions() {
@@ -207,15 +226,12 @@ public class SparkStateProvider implements StateStoreProvider {
       }
       open = null;
     }
-    long restarts = WorkerClient.get().restarts();
-    long loadMs = 0;
+    long restarts = WorkerClient.threadRestarts();
     if (live == null || live.version != version) {
-      long t0 = System.nanoTime();
-      live = null;
-      live = loadMap(version);
-      loadMs = (System.nanoTime() - t0) / 1_000_000L;
+      loadLive(version);
     }
-    open = new SparkStateStore(this, live, version, loadMs, restarts);
+    open = new SparkStateStore(this, live, version, unreportedLoadMs, restarts);
+    unreportedLoadMs = 0;
     return open;
   }
 
@@ -230,13 +246,19 @@ public class SparkStateProvider implements StateStoreProvider {
     }
     if (open == null) {
       if (live == null || live.version != version) {
-        live = null;
-        live = loadMap(version);
+        loadLive(version);
       }
       return new SparkStateReadStore(this, live, version);
     }
     // A write store is open: read a private copy so it cannot see uncommitted changes.
     return new SparkStateReadStore(this, loadMap(version), version);
+  }
+
+  private void loadLive(long version) {
+    long t0 = System.nanoTime();
+    live = null;
+    live = loadMap(version);
+    unreportedLoadMs += (System.nanoTime() - t0) / 1_000_000L;
   }
 
   /** Loads {@code version} from the worker into a new map (version 0 is empty without asking). */

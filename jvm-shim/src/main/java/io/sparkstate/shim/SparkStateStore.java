@@ -177,7 +177,7 @@ final class SparkStateStore implements StateStore {
     custom.put(SparkStateProvider.METRIC_COMMIT_TIME, commitTimeMs);
     custom.put(SparkStateProvider.METRIC_LOAD_TIME, loadTimeMs);
     custom.put(SparkStateProvider.METRIC_BYTES_WRITTEN, bytesWritten);
-    custom.put(SparkStateProvider.METRIC_WORKER_RESTARTS, WorkerClient.get().restarts() - restartsAtStart);
+    custom.put(SparkStateProvider.METRIC_WORKER_RESTARTS, WorkerClient.threadRestarts() - restartsAtStart);
     return new StateStoreMetrics(map.size(), map.bytes(), immutableMap(custom), immutableMap(Collections.emptyMap()));
   }
 

@@ -76,8 +76,21 @@ final class WorkerClient {
   private final AtomicLong restarts = new AtomicLong();
   private boolean shutDown;
 
+  /** Restarts since the JVM started. */
   long restarts() {
     return restarts.get();
+  }
+
+  /** Restarts performed by requests of the calling thread (a task's store reports its own). */
+  static long threadRestarts() {
+    return THREAD_RESTARTS.get()[0];
+  }
+
+  private static final ThreadLocal<long[]> THREAD_RESTARTS = ThreadLocal.withInitial(() -> new long[1]);
+
+  private void countRestart() {
+    restarts.incrementAndGet();
+    THREAD_RESTARTS.get()[0]++;
   }
 
   static ObjectNode header(String op) {
@@ -174,7 +187,7 @@ final class WorkerClient {
         if (worker != null) {
           LOG.warn("spark_state: the state worker (pid {}) has exited; starting a new one", worker.pid);
           worker.kill();
-          restarts.incrementAndGet();
+          countRestart();
         }
         worker = null;
         worker = Worker.start(options);
@@ -224,7 +237,7 @@ final class WorkerClient {
             + "Last lines of {}:\n{}", w.pid, w.process.exitValue(), w.log(), w.logTail());
         w.kill();
         worker = null;
-        restarts.incrementAndGet();
+        countRestart();
         for (Connection c : idle) {
           c.close();
         }
