@@ -145,11 +145,11 @@ final class WorkerClient {
           LOG.warn("spark_state: request '{}' to the worker failed ({}); retrying once", op, e.toString());
           onConnectionFailure(conn.worker);
         } else {
-          onConnectionFailure(conn.worker);
           String tail = conn.worker.logTail();
+          onConnectionFailure(conn.worker);
           IllegalStateException ex = new IllegalStateException(
-              "spark_state: request '" + op + "' to the state worker failed twice (" + e
-                  + "). Worker log " + conn.worker.log() + ", last lines:\n" + tail, e);
+              "spark_state: request '" + op + "' to the state worker (pid " + conn.worker.pid
+                  + ") failed twice (" + e + "). Last lines of the worker's log:\n" + tail, e);
           ex.addSuppressed(first);
           throw ex;
         }
@@ -185,8 +185,10 @@ final class WorkerClient {
       }
       if (worker == null || !worker.process.isAlive()) {
         if (worker != null) {
-          LOG.warn("spark_state: the state worker (pid {}) has exited; starting a new one", worker.pid);
+          LOG.warn("spark_state: the state worker (pid {}) has exited; starting a new one. Last lines of its log:\n{}",
+              worker.pid, worker.logTail());
           worker.kill();
+          deleteTree(worker.dir.toFile());
           countRestart();
         }
         worker = null;
@@ -234,8 +236,9 @@ final class WorkerClient {
     synchronized (this) {
       if (worker == w && exited) {
         LOG.warn("spark_state: the state worker (pid {}) died with exit code {}; a new one will be started. "
-            + "Last lines of {}:\n{}", w.pid, w.process.exitValue(), w.log(), w.logTail());
+            + "Last lines of its log:\n{}", w.pid, w.process.exitValue(), w.logTail());
         w.kill();
+        deleteTree(w.dir.toFile());
         worker = null;
         countRestart();
         for (Connection c : idle) {
@@ -415,9 +418,10 @@ final class WorkerClient {
 
     private static IllegalStateException startFailure(String python, String source, Path log, String how) {
       String tail = tail(log);
+      deleteTree(log.getParent().toFile()); // the tail is in the message; leave nothing in /tmp
       return new IllegalStateException(
           "spark_state: could not start the state worker with Python '" + python + "' (from " + source + "): "
-              + how + ".\nLast lines of " + log + ":\n" + (tail.isEmpty() ? "(empty)" : tail)
+              + how + ".\nLast lines of its log (worker.log):\n" + (tail.isEmpty() ? "(empty)" : tail)
               + "\nFix: set " + PYTHON_OPTION + " to a Python interpreter that has spark_state installed "
               + "(e.g. the one printed by `python -c \"import sys; print(sys.executable)\"` in the environment "
               + "where `import spark_state` works).");
