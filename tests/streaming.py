@@ -188,6 +188,9 @@ class Query:
     #: the last committed batch id after each successful run
     run_ends: list[int] = field(default_factory=list)
 
+    def __post_init__(self):
+        self.checkpoint = Path(self.checkpoint)
+
     def run(self) -> list[int]:
         """Runs the query over all input available now, then stops it. Returns the new batch ids.
 

@@ -1,0 +1,186 @@
+"""Failures: a batch that fails and is retried, a killed worker, a second application on
+memory storage, and no worker outliving its driver."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.streaming import (NO_DATA_BATCHES, JsonStream, QueryFailed, alive, kill_workers, wait_until,
+                             worker_pids)
+from tests.test_apply_in_pandas_with_state import (OUTPUT_SCHEMA, PHASES, SCHEMA, STATE_SCHEMA, build_query,
+                                                   running_total)
+
+
+def flaky_running_total(marker: str, key, pdfs, state):
+    """running_total, except that it fails once (the marker file's existence) when it meets key "a"."""
+    if key[0] == "a" and os.path.exists(marker):
+        os.remove(marker)
+        raise RuntimeError("injected failure in the middle of a batch")
+    yield from running_total("EventTimeTimeout", key, pdfs, state)
+
+
+def _flaky_query(events: JsonStream, marker: Path):
+    def build(spark):
+        return (events.read(spark).withWatermark("ts", "5 seconds").groupBy("k")
+                .applyInPandasWithState(functools.partial(flaky_running_total, str(marker)), OUTPUT_SCHEMA,
+                                        STATE_SCHEMA, "update", "EventTimeTimeout"))
+    return build
+
+
+def _add(events: JsonStream, phase: list) -> None:
+    for rows in phase:
+        events.add(rows)
+
+
+@pytest.mark.parametrize("storage", ["filesystem", "memory"])
+def test_failed_batch_is_retried_without_lost_or_doubled_state(make_twin, tmp_path, storage):
+    events = JsonStream(tmp_path / "events", SCHEMA)
+    marker = tmp_path / "fail-once"
+    twin = make_twin(_flaky_query(events, marker), mode="update", options={"storage": storage})
+    twin.ref.build = _flaky_query(events, tmp_path / "never-exists")
+    _add(events, PHASES[0])
+    twin.run()
+    # Phase 2: the tested query fails in its second batch, after one successful commit in
+    # this run and after the other partition's task may have committed the same version.
+    _add(events, PHASES[1])
+    twin.ref.run()
+    marker.touch()
+    with pytest.raises(QueryFailed, match="injected failure"):
+        twin.test.run()
+    assert not marker.exists(), "the failure was not injected"
+    twin.test.run()  # the restart re-runs the failed batch
+    twin.assert_same()
+    assert ("a", 23, 4, "timeout") in twin.test.rows()
+
+
+@pytest.mark.parametrize("when", ["between runs", "between batches of a run"])
+def test_killed_worker_is_replaced_and_state_is_exact(spark, make_twin, tmp_path, when):
+    events = JsonStream(tmp_path / "events", SCHEMA)
+    twin = make_twin(build_query(events, "EventTimeTimeout", "update"), mode="update",
+                     options={"storage": "filesystem"})
+    _add(events, PHASES[0])
+    twin.run()
+    killed = []
+    if when == "between runs":
+        killed += kill_workers(spark)
+    else:
+        first = len(twin.ref.outputs)
+        twin.test.on_batch = lambda batch: killed.extend(kill_workers(spark)) if batch in (first, first + 1) else None
+    _add(events, PHASES[1])
+    twin.run()
+    if twin.test.provider == "spark_state":
+        assert killed, "no spark_state worker was found to kill"
+    twin.assert_same()
+
+
+def test_killed_worker_with_memory_storage_never_gives_wrong_state(spark, make_twin, tmp_path):
+    """Memory storage loses its data with the worker: the next batch is exact or fails clearly."""
+    events = JsonStream(tmp_path / "events", SCHEMA)
+    twin = make_twin(build_query(events, "NoTimeout", "update"), mode="update", options={"storage": "memory"})
+    _add(events, PHASES[0])
+    twin.run()
+    kill_workers(spark)
+    _add(events, PHASES[1])
+    twin.ref.run()
+    try:
+        twin.test.run()
+    except QueryFailed as err:
+        first_line = err.message.splitlines()[0]
+        assert "spark_state" in err.message and "memory" in err.message.lower(), first_line
+        return
+    twin.assert_same()
+
+
+# ------------------------------------------------------------------ child applications
+
+def _child(config: dict, *, wait: bool = False) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-m", "tests.spark_child", json.dumps({**config, "wait": wait})],
+                            cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _result(proc: subprocess.Popen, timeout: float = 120) -> dict:
+    """Reads the child's JSON line (waiting at most ``timeout`` s)."""
+    deadline = time.monotonic() + timeout
+    for line in proc.stdout:
+        if line.startswith("{"):
+            return json.loads(line)
+        if time.monotonic() > deadline:
+            break
+    proc.kill()
+    raise AssertionError(f"child application printed no result:\n{proc.stderr.read()[-4000:]}")
+
+
+@pytest.mark.parametrize("metadata_dir", [
+    True,
+    pytest.param(False, marks=pytest.mark.slow),
+])
+def test_memory_storage_cannot_restore_in_another_application(spark, tested, tmp_path, metadata_dir):
+    """Memory storage restarts within an application (see the other tests) but not across two: the second
+    application fails with a clear message instead of running on empty state; its worker then exits with it."""
+    if tested != "spark_state":
+        pytest.skip("needs spark_state")
+    options = {"storage": "memory"}
+    if metadata_dir:
+        options["memory_metadata_dir"] = str(tmp_path / "memory-metadata")
+    events = JsonStream(tmp_path / "events", SCHEMA)
+    _add(events, PHASES[0])
+    from tests.streaming import Query
+
+    first = Query(spark, build_query(events, "NoTimeout", "update"), tmp_path / "ckpt", provider="spark_state",
+                  options=options)
+    first.run()
+    _add(events, PHASES[1])
+
+    started = time.monotonic()
+    proc = _child({"events": str(events.path), "checkpoint": str(tmp_path / "ckpt"), "options": options})
+    result = _result(proc)
+    proc.wait(60)
+    assert result["error"] is not None, f"the second application ran on memory state it cannot have: {result}"
+    message = result["error"]
+    head = message[:message.find("\n\tat ")] if "\n\tat " in message else message[:2000]
+    assert "spark_state" in message, head
+    assert "memory" in message.lower(), head
+    # no orphan: the child application ended normally; its worker ended with it
+    wait_until(lambda: not any(alive(p) for p in result["workers"]), 10,
+               f"worker(s) {result['workers']} outlived their application")
+    assert time.monotonic() - started < 60, "child application took over 60 s; mark this test slow"
+
+
+@pytest.mark.parametrize("victim", [
+    "python driver",
+    pytest.param("driver JVM", marks=pytest.mark.slow),
+])
+def test_no_orphan_worker_after_the_driver_is_killed(tested, tmp_path, victim):
+    if tested != "spark_state":
+        pytest.skip("needs spark_state")
+    events = JsonStream(tmp_path / "events", SCHEMA)
+    _add(events, PHASES[0])
+    started = time.monotonic()
+    proc = _child({"events": str(events.path), "checkpoint": str(tmp_path / "ckpt"),
+                   "options": {"storage": "filesystem"}}, wait=True)
+    try:
+        result = _result(proc)
+        assert result["error"] is None, result["error"][:2000]
+        workers = result["workers"]
+        assert workers and all(alive(p) for p in workers), f"no live worker under the child's JVM: {result}"
+        os.kill(proc.pid if victim == "python driver" else result["jvm"], signal.SIGKILL)
+        wait_until(lambda: not any(alive(p) for p in workers), 15,
+                   f"worker(s) {workers} still alive 15 s after the {victim} was SIGKILLed")
+        wait_until(lambda: not alive(result["jvm"]), 15, "the child's JVM outlived its Python driver")
+    finally:
+        proc.kill()
+        proc.wait(30)
+    assert not worker_pids(result["jvm"])
+    assert time.monotonic() - started < 60, "child application took over 60 s; mark this test slow"
