@@ -34,9 +34,20 @@ final class ArrowCodec {
 
   private ArrowCodec() {}
 
+  /** An encoded request body, sent straight from the encoder's buffer (no extra copy). */
+  static final class Body extends ByteArrayOutputStream {
+    Body(int size) {
+      super(size);
+    }
+
+    byte[] array() {
+      return buf;
+    }
+  }
+
   /** Encodes a change log (key to new value, null = delete) as one Arrow stream. */
-  static byte[] encodeChanges(Map<UnsafeRow, UnsafeRow> changes, KeyHasher hasher) throws IOException {
-    ByteArrayOutputStream bytes = new ByteArrayOutputStream(Math.max(1024, changes.size() * 64));
+  static Body encodeChanges(Map<UnsafeRow, UnsafeRow> changes, KeyHasher hasher) throws IOException {
+    Body bytes = new Body(Math.max(1024, Math.min(changes.size(), 1 << 22) * 64));
     try (BufferAllocator alloc = ROOT.newChildAllocator("spark-state-commit", 0, Long.MAX_VALUE);
          VectorSchemaRoot root = VectorSchemaRoot.create(SCHEMA, alloc);
          ArrowStreamWriter writer = new ArrowStreamWriter(root, null, bytes)) {
@@ -73,7 +84,7 @@ final class ArrowCodec {
       }
       writer.end();
     }
-    return bytes.toByteArray();
+    return bytes;
   }
 
   /** Receives the rows of a decoded state stream. */

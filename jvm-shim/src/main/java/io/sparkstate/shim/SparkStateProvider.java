@@ -284,7 +284,7 @@ public class SparkStateProvider implements StateStoreProvider {
 
   /** Ships a change log as version {@code newVersion}; returns the bytes the worker wrote. */
   long commitChanges(long newVersion, Map<UnsafeRow, UnsafeRow> changes) {
-    byte[] body;
+    ArrowCodec.Body body;
     try {
       body = ArrowCodec.encodeChanges(changes, hasher);
     } catch (IOException e) {
@@ -297,7 +297,7 @@ public class SparkStateProvider implements StateStoreProvider {
       StateStore.reportCommitToCoordinator(newVersion, stateStoreId, hadoopConf);
     }
     JsonNode bytes = reply.get("bytes");
-    return bytes != null && bytes.canConvertToLong() ? bytes.asLong() : body.length;
+    return bytes != null && bytes.canConvertToLong() ? bytes.asLong() : body.size();
   }
 
   synchronized void committed(SparkStateStore store, long newVersion) {

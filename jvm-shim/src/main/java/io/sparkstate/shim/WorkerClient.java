@@ -108,7 +108,7 @@ final class WorkerClient {
   }
 
   /** Sends one request; returns the reply header (ok). Bodies of replies are skipped. */
-  JsonNode call(ObjectNode header, byte[] body, Map<String, String> options) {
+  JsonNode call(ObjectNode header, ArrowCodec.Body body, Map<String, String> options) {
     return call(header, body, options, null);
   }
 
@@ -116,7 +116,7 @@ final class WorkerClient {
    * Sends one request and reads its reply. With a reader, the reply body is handed to it;
    * on a retry the reader runs again from scratch, so it must build a fresh result each time.
    */
-  <T> T call(ObjectNode header, byte[] body, Map<String, String> options, BodyReader<T> reader) {
+  <T> T call(ObjectNode header, ArrowCodec.Body body, Map<String, String> options, BodyReader<T> reader) {
     String op = header.path("op").asText();
     IOException first = null;
     for (int attempt = 0; attempt < 2; attempt++) {
@@ -526,14 +526,14 @@ final class WorkerClient {
       }
     }
 
-    void send(ObjectNode header, byte[] body) throws IOException {
+    void send(ObjectNode header, ArrowCodec.Body body) throws IOException {
       byte[] h = JSON.writeValueAsBytes(header);
       out.writeInt(h.length);
       out.write(h);
-      int n = body == null ? 0 : body.length;
+      int n = body == null ? 0 : body.size();
       out.writeLong(n);
       if (n > 0) {
-        out.write(body);
+        out.write(body.array(), 0, n);
       }
       out.flush();
     }
