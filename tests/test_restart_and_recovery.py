@@ -153,6 +153,7 @@ def test_memory_storage_cannot_restore_in_another_application(spark, tested, tmp
     assert "spark_state" in message, head
     assert "memory" in message.lower(), head
     # no orphan: the child application ended normally; its worker ended with it
+    assert result["workers"], "the second application started no spark_state worker"
     wait_until(lambda: not any(alive(p) for p in result["workers"]), 10,
                f"worker(s) {result['workers']} outlived their application")
     assert time.monotonic() - started < 60, "child application took over 60 s; mark this test slow"
