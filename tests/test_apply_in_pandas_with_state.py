@@ -100,6 +100,7 @@ EXPECTED_TIMEOUTS = {
     ("NoTimeout", "update", "filesystem"),
     ("NoTimeout", "append", "filesystem"),
     ("ProcessingTimeTimeout", "update", "filesystem"),
+    ("ProcessingTimeTimeout", "append", "filesystem"),
     ("EventTimeTimeout", "update", "filesystem"),
     ("EventTimeTimeout", "append", "filesystem"),
     ("ProcessingTimeTimeout", "update", "memory"),

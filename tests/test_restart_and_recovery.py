@@ -6,9 +6,11 @@ from __future__ import annotations
 import functools
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -103,23 +105,43 @@ def test_killed_worker_with_memory_storage_never_gives_wrong_state(spark, make_t
 
 # ------------------------------------------------------------------ child applications
 
-def _child(config: dict, *, wait: bool = False) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-m", "tests.spark_child", json.dumps({**config, "wait": wait})],
-                            cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+class Child:
+    """A second Spark application (tests/spark_child.py); its stderr goes to a file, never a full pipe."""
 
+    def __init__(self, tmp_path: Path, config: dict, *, wait: bool = False):
+        self.log_path = tmp_path / "child-stderr.log"
+        self.log = open(self.log_path, "w")
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.spark_child", json.dumps({**config, "wait": wait})],
+            cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
 
-def _result(proc: subprocess.Popen, timeout: float = 120) -> dict:
-    """Reads the child's JSON line (waiting at most ``timeout`` s)."""
-    deadline = time.monotonic() + timeout
-    for line in proc.stdout:
-        if line.startswith("{"):
-            return json.loads(line)
-        if time.monotonic() > deadline:
-            break
-    proc.kill()
-    raise AssertionError(f"child application printed no result:\n{proc.stderr.read()[-4000:]}")
+    def result(self, timeout: float = 120) -> dict:
+        """The child's JSON result line, waiting at most ``timeout`` s."""
+        lines: queue.Queue = queue.Queue()
+
+        def pump():
+            for line in self.proc.stdout:
+                if line.startswith("{"):
+                    lines.put(line)
+                    return
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        try:
+            line = lines.get(timeout=timeout)
+        except queue.Empty:
+            line = None
+        if line is None:
+            self.close()
+            raise AssertionError(f"child application printed no result:\n{self.log_path.read_text()[-4000:]}")
+        return json.loads(line)
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(30)
+        self.log.close()
 
 
 @pytest.mark.parametrize("metadata_dir", [
@@ -144,9 +166,12 @@ def test_memory_storage_cannot_restore_in_another_application(spark, tested, tmp
     _add(events, PHASES[1])
 
     started = time.monotonic()
-    proc = _child({"events": str(events.path), "checkpoint": str(tmp_path / "ckpt"), "options": options})
-    result = _result(proc)
-    proc.wait(60)
+    child = Child(tmp_path, {"events": str(events.path), "checkpoint": str(tmp_path / "ckpt"), "options": options})
+    try:
+        result = child.result()
+        child.proc.wait(60)
+    finally:
+        child.close()
     assert result["error"] is not None, f"the second application ran on memory state it cannot have: {result}"
     message = result["error"]
     head = message[:message.find("\n\tat ")] if "\n\tat " in message else message[:2000]
@@ -169,19 +194,18 @@ def test_no_orphan_worker_after_the_driver_is_killed(tested, tmp_path, victim):
     events = JsonStream(tmp_path / "events", SCHEMA)
     _add(events, PHASES[0])
     started = time.monotonic()
-    proc = _child({"events": str(events.path), "checkpoint": str(tmp_path / "ckpt"),
-                   "options": {"storage": "filesystem"}}, wait=True)
+    child = Child(tmp_path, {"events": str(events.path), "checkpoint": str(tmp_path / "ckpt"),
+                             "options": {"storage": "filesystem"}}, wait=True)
     try:
-        result = _result(proc)
+        result = child.result()
         assert result["error"] is None, result["error"][:2000]
         workers = result["workers"]
         assert workers and all(alive(p) for p in workers), f"no live worker under the child's JVM: {result}"
-        os.kill(proc.pid if victim == "python driver" else result["jvm"], signal.SIGKILL)
+        os.kill(child.proc.pid if victim == "python driver" else result["jvm"], signal.SIGKILL)
         wait_until(lambda: not any(alive(p) for p in workers), 15,
                    f"worker(s) {workers} still alive 15 s after the {victim} was SIGKILLed")
         wait_until(lambda: not alive(result["jvm"]), 15, "the child's JVM outlived its Python driver")
     finally:
-        proc.kill()
-        proc.wait(30)
+        child.close()
     assert not worker_pids(result["jvm"])
     assert time.monotonic() - started < 60, "child application took over 60 s; mark this test slow"
