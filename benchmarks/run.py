@@ -60,7 +60,7 @@ QUICK = Profile("quick", micro_sizes=[10_000], memory_sizes=[10_000], restore_si
 FULL = Profile("full", micro_sizes=[100_000, 1_000_000], memory_sizes=[1_000_000],
                restore_sizes=[100_000, 1_000_000], batches=10, change_pct=10.0,
                agg=dict(files=8, rows_per_file=500_000, keys=1_000_000),
-               pandas=dict(files=6, rows_per_file=200_000, keys=50_000),
+               pandas=dict(files=5, rows_per_file=50_000, keys=10_000),
                driver_memory="4g")
 
 # (raw key, metric label, unit, better, scale)
