@@ -23,8 +23,8 @@ class StateTooLarge(SparkStateError):
     """A snapshot exceeds the memory storage's per-snapshot limit."""
 
 
-class StateLost(SparkStateError):
-    """A version's manifest survives but its data lived only in an ended process."""
+class StateLost(VersionNotFound):
+    """A version Spark committed whose data lived only in an ended process (memory storage)."""
 
 
 class MaxParallelismChanged(SparkStateError):

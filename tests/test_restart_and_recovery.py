@@ -99,6 +99,7 @@ def test_killed_worker_with_memory_storage_never_gives_wrong_state(spark, make_t
     except QueryFailed as err:
         first_line = err.message.splitlines()[0]
         assert "spark_state" in err.message and "memory" in err.message.lower(), first_line
+        assert "has ended" in err.message and "storage=filesystem" in err.message, first_line
         return
     twin.assert_same()
 
@@ -177,6 +178,7 @@ def test_memory_storage_cannot_restore_in_another_application(spark, tested, tmp
     head = message[:message.find("\n\tat ")] if "\n\tat " in message else message[:2000]
     assert "spark_state" in message, head
     assert "memory" in message.lower(), head
+    assert "has ended" in message and "storage=filesystem" in message, head
     # no orphan: the child application ended normally; its worker ended with it
     assert result["workers"], "the second application started no spark_state worker"
     wait_until(lambda: not any(alive(p) for p in result["workers"]), 10,

@@ -94,6 +94,19 @@ class MemoryCheckpointStorage(CheckpointStorage):
                 )
         raise self.version_not_found(version)
 
+    def version_not_found(self, version: int) -> VersionNotFound | StateLost:
+        """With nothing in memory for this store, a version Spark asks for was lost with an ended worker."""
+        if version > 0 and not self.list_versions():
+            return StateLost(
+                f"version {version} of state store {self.root} is not in this worker's memory, which holds "
+                f"no version of the store at all (versions present: none): memory storage keeps state only "
+                f"in the worker process, and the worker that held it has ended (a new application, a restarted executor or a killed worker). "
+                f"Use {PREFIX}storage=filesystem for state that must survive restarts (set "
+                f"{PREFIX}memory.metadataDir to detect this case exactly), and restart this query from a new "
+                f"checkpointLocation."
+            )
+        return super().version_not_found(version)
+
     def _data(self, path: str) -> bytes:
         data = self._files.get(path)
         if data is None:
