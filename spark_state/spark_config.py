@@ -11,7 +11,7 @@ from spark_state.options import PREFIX, Settings
 _PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
 
 #: configure() keyword -> option short name, so Python callers can use snake_case.
-_KWARGS = {
+KEYWORDS = {
     "storage": "storage",
     "checkpoint_root": "checkpointRoot",
     "max_parallelism": "maxParallelism",
@@ -24,21 +24,26 @@ _KWARGS = {
 }
 
 
+def option_conf(**options: Any) -> dict[str, str]:
+    """The ``...sparkState.*`` conf entries for snake_case ``options``, validated (OptionError)."""
+    unknown = sorted(set(options) - set(KEYWORDS))
+    if unknown:
+        raise TypeError(f"unknown spark_state option(s) {unknown}; known: {sorted(KEYWORDS)}")
+    raw = {KEYWORDS[k]: ("true" if v is True else "false" if v is False else str(v))
+           for k, v in options.items() if v is not None}
+    Settings.from_conf(raw)  # raises OptionError with a clear message
+    return {PREFIX + k: v for k, v in raw.items()}
+
+
 def spark_conf(**options: Any) -> dict[str, str]:
-    """The Spark conf entries configure() sets, as a dict (for --conf lines or spark-defaults.conf).
+    """Every Spark conf entry configure() sets, as a dict (for --conf lines or spark-defaults.conf).
 
     Values are validated here, so a bad value fails before Spark starts.
     """
     from spark_state.shim import shim_jar
 
-    unknown = sorted(set(options) - set(_KWARGS))
-    if unknown:
-        raise TypeError(f"unknown spark_state option(s) {unknown}; known: {sorted(_KWARGS)}")
-    raw = {_KWARGS[k]: ("true" if v is True else "false" if v is False else str(v))
-           for k, v in options.items() if v is not None}
-    raw.setdefault("python", sys.executable)
-    Settings.from_conf(raw)  # raises OptionError with a clear message
-    conf = {PREFIX + k: v for k, v in raw.items()}
+    options.setdefault("python", sys.executable)
+    conf = option_conf(**options)
     conf[_PROVIDER_KEY] = PROVIDER_CLASS
     conf["spark.jars"] = str(shim_jar())
     return conf

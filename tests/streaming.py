@@ -26,24 +26,14 @@ from typing import Any, Callable, Iterator, Mapping
 
 from pyspark.sql import DataFrame, Row, SparkSession
 
-HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
-SPARK_STATE_PROVIDER = "io.sparkstate.shim.SparkStateProvider"
-PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
-OPTION_PREFIX = "spark.sql.streaming.stateStore.sparkState."
-NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
+from spark_state import PROVIDER_CLASS
+from spark_state.options import PREFIX
+from spark_state.spark_config import KEYWORDS, option_conf
 
-#: snake_case keyword -> option short name (same table as spark_state.spark_config).
-_OPTION_NAMES = {
-    "storage": "storage",
-    "checkpoint_root": "checkpointRoot",
-    "max_parallelism": "maxParallelism",
-    "compression_level": "compressionLevel",
-    "snapshot_interval": "snapshotInterval",
-    "memory_max_state_size": "memory.maxStateSize",
-    "memory_metadata_dir": "memory.metadataDir",
-    "python": "python",
-    "verify_checksums": "verifyChecksums",
-}
+HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+SPARK_STATE_PROVIDER = PROVIDER_CLASS
+PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
+NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 
 EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -88,10 +78,8 @@ def provider_conf(provider: str, **options: Any) -> dict[str, str | None]:
     if provider != "spark_state":
         raise ValueError(f"unknown provider {provider!r}; use 'spark_state' or 'hdfs'")
     conf: dict[str, str | None] = {PROVIDER_KEY: SPARK_STATE_PROVIDER}
-    for name, value in options.items():
-        short = _OPTION_NAMES[name]
-        conf[OPTION_PREFIX + short] = None if value is None else (
-            str(value).lower() if isinstance(value, bool) else str(value))
+    conf.update({PREFIX + KEYWORDS[name]: None for name, value in options.items() if value is None})
+    conf.update(option_conf(**{name: value for name, value in options.items() if value is not None}))
     return conf
 
 

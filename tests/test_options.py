@@ -49,3 +49,14 @@ def test_spark_defaults_example_lists_every_option():
     text = (ROOT / "conf" / "spark-defaults.conf").read_text()
     for short in DESCRIPTIONS:
         assert PREFIX + short in text, f"conf/spark-defaults.conf does not show {short}"
+
+
+def test_configure_validates_before_spark_starts():
+    from spark_state.spark_config import option_conf, spark_conf
+
+    assert option_conf(storage="memory", snapshot_interval=4) == {
+        PREFIX + "storage": "memory", PREFIX + "snapshotInterval": "4"}
+    with pytest.raises(OptionError, match="compressionLevel"):
+        option_conf(compression_level=99)
+    with pytest.raises(TypeError, match="snapshot_intervall"):
+        spark_conf(snapshot_intervall=3)
