@@ -18,6 +18,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LOG4J = ROOT / "conf" / "log4j2.properties"
 
+# The loopback S3 endpoint's address must be in the environment before the
+# Spark JVM starts: the JVM passes it on to the spark_state worker it starts.
+from tests import s3_server  # noqa: E402
+
+os.environ.update(s3_server.endpoint_env())
+
 
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", default=False, help="also run tests marked slow")
