@@ -75,6 +75,14 @@ def fmt_ratio(r, better: str) -> str:
     return f"{r:.2f}×{mark}"
 
 
+def group_ratio(g: dict, ours: str, peer: str):
+    """Ratio for one table row; none when a per-row byte count is ~0 on either side (a ratio of noise)."""
+    a, b = g["values"].get(ours), g["values"].get(peer)
+    if g["unit"] == "B" and a is not None and b is not None and min(a, b) < 4:
+        return None
+    return ratio(a, b)
+
+
 def table_rows(records: list[dict]):
     """Groups records by (scenario, metric, size) in first-seen order: {provider: value}."""
     groups: OrderedDict = OrderedDict()
@@ -118,7 +126,7 @@ def write_markdown(path: Path, meta: dict, providers: list, records: list[dict])
             cells = [g["scenario"], g["label"], fmt_size(g["size"]), g["better"]]
             for o in ours:
                 for p in peers:
-                    cells.append(fmt_ratio(ratio(g["values"].get(o), g["values"].get(p)), g["better"]))
+                    cells.append(fmt_ratio(group_ratio(g, o, p), g["better"]))
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
 
@@ -144,7 +152,7 @@ def write_json(path: Path, meta: dict, providers: list, records: list[dict], raw
         for o in OURS:
             for p in PEERS:
                 if o in present and p in present:
-                    r = ratio(g["values"].get(o), g["values"].get(p))
+                    r = group_ratio(g, o, p)
                     ratios.append({"scenario": g["scenario"], "metric": g["metric"], "size": g["size"],
                                    "ours": o, "peer": p, "ratio": r, "better": g["better"],
                                    "spark_state_wins": wins(r, g["better"])})
@@ -178,7 +186,7 @@ def write_charts(out: Path, providers: list, records: list[dict]) -> list[str]:
             ax = axes[0][i]
             vals, colors = [], []
             for g in rows:
-                r = ratio(g["values"].get(o), g["values"].get(p))
+                r = group_ratio(g, o, p)
                 vals.append(r if r and r > 0 else float("nan"))
                 w = wins(r, g["better"])
                 colors.append("#55a868" if w else "#c44e52" if w is not None else "#999999")
