@@ -188,7 +188,7 @@ def write_charts(out: Path, providers: list, records: list[dict]) -> list[str]:
             for g in rows:
                 r = group_ratio(g, o, p)
                 vals.append(r if r and r > 0 else float("nan"))
-                w = wins(r, g["better"])
+                w = None if r is not None and abs(r - 1) < 0.005 else wins(r, g["better"])   # exact tie: grey
                 colors.append("#55a868" if w else "#c44e52" if w is not None else "#999999")
             ax.barh(range(len(rows)), vals, color=colors, left=0)
             ax.axvline(1.0, color="black", lw=0.8)
@@ -201,7 +201,7 @@ def write_charts(out: Path, providers: list, records: list[dict]) -> list[str]:
         axes[0][0].set_yticks(range(len(rows)))
         axes[0][0].set_yticklabels(names, fontsize=7)
         axes[0][0].invert_yaxis()
-        fig.suptitle("spark_state ÷ peer (log scale; green = spark_state better, red = peer better)", fontsize=10)
+        fig.suptitle("spark_state ÷ peer (log scale; green = spark_state better, red = peer better, grey = tie)", fontsize=10)
         fig.tight_layout()
         fig.savefig(out / "ratios.png", dpi=110)
         plt.close(fig)
