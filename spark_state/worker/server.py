@@ -117,7 +117,7 @@ class Dispatcher:
 
     def op_load(self, header, body):
         version = _int_field(header, "version")
-        table = self._store(header).load(version)
+        table = self._store(header).load(version, ordered=False)
         return {"ok": True, "rows": table.num_rows}, table_to_ipc(table)
 
     def op_latest(self, header, body):
