@@ -27,6 +27,8 @@ from spark_state.worker.protocol import (
 
 log = logging.getLogger("spark_state.worker")
 
+_RELEASE_AFTER_BYTES = 16 * 1024 * 1024
+
 
 @lru_cache(maxsize=256)
 def _settings(items: frozenset) -> Settings:
@@ -86,6 +88,12 @@ class Dispatcher:
         if method is None:
             raise ProtocolError(f"unknown request {op!r}")
         return method(header, body)
+
+    @staticmethod
+    def release_memory(size: int) -> None:
+        """Hands memory of a large request back to the OS: Arrow's allocator otherwise keeps it."""
+        if size >= _RELEASE_AFTER_BYTES:
+            pa.default_memory_pool().release_unused()
 
     def op_hello(self, header, body):
         return {"ok": True, "pid": os.getpid(), "version": spark_state.__version__,
@@ -179,7 +187,10 @@ class _Connection(socketserver.StreamRequestHandler):
                 frame = read_frame(self.rfile)
                 if frame is None:
                     return
-                write_frame(self.wfile, *self._respond(dispatcher, *frame))
+                header, body = self._respond(dispatcher, *frame)
+                write_frame(self.wfile, header, body)
+                dispatcher.release_memory(len(frame[1]) + len(body))
+                del frame, body
         except (EOFError, BrokenPipeError, ConnectionResetError):
             return
 
