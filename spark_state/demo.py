@@ -200,10 +200,12 @@ def main(argv: list[str] | None = None) -> int:
                       str(expected[user]) + ("" if good else "  MISMATCH"),
                       "timed out" if user in closed else "open")
     console.print(table)
-    state_files = sorted(p for p in (workdir / "checkpoint" / "state").rglob("*") if p.is_file())
-    console.print(f"\ncheckpoint: {workdir / 'checkpoint'} ({len(state_files)} state files), e.g.:")
-    for p in state_files[:6]:
-        console.print(f"  {p.relative_to(workdir)}  ({p.stat().st_size} bytes)", markup=False)
+    store = workdir / "checkpoint" / "state" / "0" / "0"
+    ours = sorted(p for p in store.rglob("*") if p.is_file() and p.parent.name != "_metadata")
+    console.print(f"\ncheckpoint: {workdir / 'checkpoint'}\nspark_state files of operator 0, partition 0 "
+                  "(manifests chk-N/_metadata, Arrow data in shared/):")
+    for p in ours:
+        console.print(f"  {p.relative_to(workdir)}  ({p.stat().st_size} bytes)", markup=False, soft_wrap=True)
     if not closed:
         ok = False
         console.print("[red]no session timed out in run 2, but the quiet users' sessions should have")
