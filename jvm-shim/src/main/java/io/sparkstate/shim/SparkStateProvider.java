@@ -71,8 +71,13 @@ public class SparkStateProvider implements StateStoreProvider {
   private KeyHasher hasher;
   private ObjectNode storeNode;
 
-  /** The version this provider holds, or null before the first load. Guarded by {@code this}. */
+  /**
+   * The version this provider holds, or null before the first load and after an abort (an aborted
+   * store leaves its map dirty; the next store reloads). Guarded by {@code this}.
+   */
   private StateMap live;
+  /** Keys changed by the last committed batch: sizes the next change log. Guarded by {@code this}. */
+  private long lastChanges;
   /** The store opened by getStore and not yet committed or aborted. Guarded by {@code this}. */
   private SparkStateStore open;
   /** Time spent loading {@link #live} not yet reported by a store's metrics. Guarded by {@code this}. */
@@ -219,10 +224,10 @@ public class SparkStateProvider implements StateStoreProvider {
       throw new UnsupportedOperationException("spark_state: " + this + " does not support getStore(loadEmpty=true)");
     }
     if (open != null) {
-      if (open.isUpdating()) {
-        LOG.warn("spark_state: {} was left open (task retry?); rolling it back before opening version {}",
+      if (open.markAborted()) {
+        LOG.warn("spark_state: {} was left open (task retry?); dropping its map before opening version {}",
             open, version);
-        open.rollback();
+        dropIfLive(open.map());
       }
       open = null;
     }
@@ -230,7 +235,7 @@ public class SparkStateProvider implements StateStoreProvider {
     if (live == null || live.version != version) {
       loadLive(version);
     }
-    open = new SparkStateStore(this, live, version, unreportedLoadMs, restarts);
+    open = new SparkStateStore(this, live, version, unreportedLoadMs, restarts, lastChanges);
     unreportedLoadMs = 0;
     return open;
   }
@@ -263,9 +268,8 @@ public class SparkStateProvider implements StateStoreProvider {
 
   /** Loads {@code version} from the worker into a new map (version 0 is empty without asking). */
   private StateMap loadMap(long version) {
-    PrefixIndex prefix = numColsPrefixKey > 0 ? new PrefixIndex(keySchema, numColsPrefixKey) : null;
     if (version == 0) {
-      return new StateMap(0, prefix);
+      return newMap(0, 0);
     }
     int keyFields = keySchema.fields().length;
     int valueFields = valueSchema.fields().length;
@@ -273,13 +277,18 @@ public class SparkStateProvider implements StateStoreProvider {
     h.put("version", version);
     long t0 = System.nanoTime();
     StateMap map = WorkerClient.get().call(h, null, options, (JsonNode reply, java.io.InputStream body) -> {
-      StateMap m = new StateMap(version, numColsPrefixKey > 0 ? new PrefixIndex(keySchema, numColsPrefixKey) : null);
+      StateMap m = newMap(version, reply.path("rows").asLong(0));
       ArrowCodec.decodeState(body, keyFields, valueFields, m::put);
       return m;
     });
     LOG.info("spark_state: loaded version {} of {} ({} keys) in {} ms", version, stateStoreId, map.size(),
         (System.nanoTime() - t0) / 1_000_000L);
     return map;
+  }
+
+  private StateMap newMap(long version, long expectedRows) {
+    return new StateMap(version, numColsPrefixKey > 0 ? new PrefixIndex(keySchema, numColsPrefixKey) : null,
+        expectedRows);
   }
 
   /** Ships a change log as version {@code newVersion}; returns the bytes the worker wrote. */
@@ -300,15 +309,18 @@ public class SparkStateProvider implements StateStoreProvider {
     return bytes != null && bytes.canConvertToLong() ? bytes.asLong() : body.size();
   }
 
-  synchronized void committed(SparkStateStore store, long newVersion) {
+  synchronized void committed(SparkStateStore store, long newVersion, long changes) {
     store.map().version = newVersion;
+    lastChanges = changes;
     if (open == store) {
       open = null;
     }
   }
 
+  /** The store's map holds uncommitted changes: drop it, the next store reloads its version. */
   synchronized void aborted(SparkStateStore store, boolean commitSent) {
-    store.rollback();
+    store.markAborted();
+    dropIfLive(store.map());
     if (open == store) {
       open = null;
     }
@@ -321,6 +333,13 @@ public class SparkStateProvider implements StateStoreProvider {
       } catch (RuntimeException e) {
         LOG.warn("spark_state: abort of version {} of {} failed: {}", store.version() + 1, stateStoreId, e.toString());
       }
+    }
+  }
+
+  /** Forgets the live map if it is {@code map} (dirty: changed by a store that did not commit). */
+  private void dropIfLive(StateMap map) {
+    if (live == map) {
+      live = null;
     }
   }
 
@@ -360,7 +379,7 @@ public class SparkStateProvider implements StateStoreProvider {
   @Override
   public synchronized void close() {
     if (open != null) {
-      open.rollback();
+      open.markAborted();
       open = null;
     }
     live = null;

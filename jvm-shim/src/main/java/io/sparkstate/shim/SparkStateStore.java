@@ -3,7 +3,6 @@ package io.sparkstate.shim;
 import java.util.Collections;
 import java.util.HashMap;
 import java.util.Iterator;
-import java.util.LinkedHashMap;
 import java.util.Map;
 
 import org.apache.spark.TaskContext;
@@ -23,8 +22,12 @@ import scala.runtime.BoxedUnit;
 
 /**
  * The open (writable) store of one version: mutates the provider's live map in place and keeps a
- * change log (key → new value, null = delete) for commit and an undo log (key → value at
- * {@code version}, null = absent) for abort, so no copy of the map is made per batch.
+ * change log (key → new value, null = delete) for commit, so no copy of the map is made per batch.
+ * There is no undo log: an aborted store leaves the live map dirty and the provider drops it
+ * ({@link SparkStateProvider#aborted}), so the next store reloads its version from the worker,
+ * where every committed version is durable. A delete in the change log may name a key that was
+ * absent at {@code version} (put and removed in this batch); the worker drops deletes of unknown
+ * keys.
  */
 final class SparkStateStore implements StateStore {
   private enum State { UPDATING, COMMITTED, ABORTED }
@@ -32,8 +35,7 @@ final class SparkStateStore implements StateStore {
   private final SparkStateProvider provider;
   private final StateMap map;
   private final long version;
-  private final LinkedHashMap<UnsafeRow, UnsafeRow> changes = new LinkedHashMap<>();
-  private final HashMap<UnsafeRow, UnsafeRow> undo = new HashMap<>();
+  private final HashMap<UnsafeRow, UnsafeRow> changes;
   private volatile State state = State.UPDATING;
   private boolean commitSent;
 
@@ -43,10 +45,13 @@ final class SparkStateStore implements StateStore {
   private long commitTimeMs;
   private long bytesWritten;
 
-  SparkStateStore(SparkStateProvider provider, StateMap map, long version, long loadTimeMs, long restartsAtStart) {
+  /** {@code expectedChanges}: a guess of the batch's changed keys (sizes the change log). */
+  SparkStateStore(SparkStateProvider provider, StateMap map, long version, long loadTimeMs, long restartsAtStart,
+      long expectedChanges) {
     this.provider = provider;
     this.map = map;
     this.version = version;
+    this.changes = new HashMap<>((int) Math.max(16, Math.min(expectedChanges * 4 / 3 + 1, 1 << 29)));
     this.loadTimeMs = loadTimeMs;
     this.restartsAtStart = restartsAtStart;
     TaskContext ctx = TaskContext.get();
@@ -92,10 +97,7 @@ final class SparkStateStore implements StateStore {
     checkUpdating("put");
     UnsafeRow k = key.copy();
     UnsafeRow v = value.copy();
-    UnsafeRow old = map.put(k, v);
-    if (!undo.containsKey(k)) {
-      undo.put(k, old);
-    }
+    map.put(k, v);
     changes.put(k, v);
   }
 
@@ -103,18 +105,8 @@ final class SparkStateStore implements StateStore {
   public void remove(UnsafeRow key, String colFamilyName) {
     provider.checkColumnFamily(colFamilyName);
     checkUpdating("remove");
-    UnsafeRow old = map.remove(key);
-    if (old == null) {
-      return;
-    }
-    UnsafeRow k = key.copy();
-    if (!undo.containsKey(k)) {
-      undo.put(k, old);
-    }
-    if (undo.get(k) == null) {
-      changes.remove(k); // absent at `version`: added and removed in this batch
-    } else {
-      changes.put(k, null);
+    if (map.remove(key) != null) {
+      changes.put(key.copy(), null);
     }
   }
 
@@ -127,10 +119,9 @@ final class SparkStateStore implements StateStore {
     long written = provider.commitChanges(newVersion, changes);
     commitTimeMs = (System.nanoTime() - t0) / 1_000_000L;
     bytesWritten = written;
-    provider.committed(this, newVersion);
+    provider.committed(this, newVersion, changes.size());
     state = State.COMMITTED;
     changes.clear();
-    undo.clear();
     return newVersion;
   }
 
@@ -142,21 +133,16 @@ final class SparkStateStore implements StateStore {
     state = State.ABORTED;
   }
 
-  /** Restores the map to {@code version} (called by the provider, under its lock). */
-  void rollback() {
+  /**
+   * Marks the store aborted without touching its map (called by the provider, under its lock,
+   * which drops the map). Returns whether it was still updating.
+   */
+  boolean markAborted() {
     if (state != State.UPDATING) {
-      return;
+      return false;
     }
-    for (Map.Entry<UnsafeRow, UnsafeRow> e : undo.entrySet()) {
-      if (e.getValue() == null) {
-        map.remove(e.getKey());
-      } else {
-        map.put(e.getKey(), e.getValue());
-      }
-    }
-    undo.clear();
-    changes.clear();
     state = State.ABORTED;
+    return true;
   }
 
   @Override

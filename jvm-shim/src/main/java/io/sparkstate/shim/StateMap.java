@@ -18,14 +18,16 @@ final class StateMap {
   /** Rough per-entry overhead of the map, the two UnsafeRow objects and their arrays. */
   private static final long ENTRY_OVERHEAD = 112;
 
-  final ConcurrentHashMap<UnsafeRow, UnsafeRow> rows = new ConcurrentHashMap<>();
+  final ConcurrentHashMap<UnsafeRow, UnsafeRow> rows;
   private final PrefixIndex prefix;
   private long bytes;
   long version;
 
-  StateMap(long version, PrefixIndex prefix) {
+  /** {@code expectedRows}: how many keys the map will hold (sizes the table once, no rehashing). */
+  StateMap(long version, PrefixIndex prefix, long expectedRows) {
     this.version = version;
     this.prefix = prefix;
+    this.rows = new ConcurrentHashMap<>((int) Math.max(16, Math.min(expectedRows, 1 << 29)));
   }
 
   int size() {
