@@ -3,6 +3,7 @@ package io.sparkstate.shim;
 import java.util.Collections;
 import java.util.HashMap;
 import java.util.Iterator;
+import java.util.LinkedHashMap;
 import java.util.Map;
 
 import org.apache.spark.TaskContext;
@@ -35,7 +36,8 @@ final class SparkStateStore implements StateStore {
   private final SparkStateProvider provider;
   private final StateMap map;
   private final long version;
-  private final HashMap<UnsafeRow, UnsafeRow> changes;
+  /** Linked: commit encodes in insertion (= allocation) order, which is much kinder to caches. */
+  private final LinkedHashMap<UnsafeRow, UnsafeRow> changes;
   private volatile State state = State.UPDATING;
   private boolean commitSent;
 
@@ -51,7 +53,7 @@ final class SparkStateStore implements StateStore {
     this.provider = provider;
     this.map = map;
     this.version = version;
-    this.changes = new HashMap<>((int) Math.max(16, Math.min(expectedChanges * 4 / 3 + 1, 1 << 29)));
+    this.changes = new LinkedHashMap<>((int) Math.max(16, Math.min(expectedChanges * 4 / 3 + 1, 1 << 29)));
     this.loadTimeMs = loadTimeMs;
     this.restartsAtStart = restartsAtStart;
     TaskContext ctx = TaskContext.get();
