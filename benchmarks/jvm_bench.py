@@ -80,17 +80,24 @@ def run(provider, mode: str, rows: int, ckpt_dir: Path, log_path: Path, *, shim_
     for k, v in provider.sql_confs().items():
         if k != "spark.sql.streaming.stateStore.providerClass":
             cmd += ["--conf", f"{k}={v}"]
+    return run_for_result(cmd, log_path, f"ProviderBench {provider.name} {mode} rows={rows}", timeout=timeout)
+
+
+def run_for_result(cmd: list[str], log_path: Path, what: str, *, timeout: float, cwd: Path | None = None) -> dict:
+    """Runs a benchmark child process and returns the JSON of its ``RESULT `` line.
+
+    stderr goes to ``log_path`` under the command line; a failure raises with the log's tail.
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         log.write(" ".join(cmd) + "\n\n")
         log.flush()
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, text=True, cwd=cwd, timeout=timeout)
     result = None
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             result = json.loads(line[len("RESULT "):])
     if proc.returncode != 0 or result is None:
-        tail = "".join(open(log_path, errors="replace").readlines()[-25:])
-        raise RuntimeError(f"ProviderBench {provider.name} {mode} rows={rows} exited {proc.returncode}; "
-                           f"log {log_path}:\n{tail}")
+        tail = "".join(open(log_path, errors="replace").readlines()[-30:])
+        raise RuntimeError(f"{what} exited {proc.returncode}; log {log_path}:\n{tail}")
     return result

@@ -16,7 +16,6 @@ benchmarks/out/). See benchmarks/README.md for what each number means.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -217,17 +216,7 @@ class Runner:
         cmd = [sys.executable, "-m", "benchmarks.e2e", "--provider", pr.name, "--scenario", scen,
                "--data", str(data), "--workdir", str(wd), "--partitions", str(self.profile.partitions),
                "--driver-memory", self.profile.driver_memory]
-        with open(log, "w") as lf:
-            lf.write(" ".join(cmd) + "\n\n")
-            lf.flush()
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=lf, text=True, cwd=ROOT, timeout=3600)
-        res = None
-        for line in proc.stdout.splitlines():
-            if line.startswith("RESULT "):
-                res = json.loads(line[len("RESULT "):])
-        if proc.returncode != 0 or res is None:
-            tail = "".join(open(log, errors="replace").readlines()[-30:])
-            raise RuntimeError(f"e2e {scen} {pr.name} exited {proc.returncode}; log {log}:\n{tail}")
+        res = jvm_bench.run_for_result(cmd, Path(log), f"e2e {scen} {pr.name}", timeout=3600, cwd=ROOT)
         s = res.get("summary") or summarize(res)
         self.raw[f"{scen}/{pr.name}"] = res
         rows_total = spec["files"] * spec["rows_per_file"]

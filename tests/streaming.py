@@ -55,18 +55,18 @@ def sql_conf(spark: SparkSession, conf: Mapping[str, str | None]) -> Iterator[No
     """Sets SQL confs (None = unset) and restores the previous values afterwards."""
     saved = {k: spark.conf.get(k, None) for k in conf}
     try:
-        for key, value in conf.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
+        _apply_conf(spark, conf)
         yield
     finally:
-        for key, value in saved.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
+        _apply_conf(spark, saved)
+
+
+def _apply_conf(spark: SparkSession, conf: Mapping[str, str | None]) -> None:
+    for key, value in conf.items():
+        if value is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, value)
 
 
 def provider_conf(provider: str, **options: Any) -> dict[str, str | None]:
