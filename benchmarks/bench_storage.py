@@ -11,14 +11,18 @@ random int32 (what Murmur3 gives), key groups pmod(hash, 100800).
 
 Measured per storage: commit of all rows as version 1 (one snapshot file),
 commit of version 2 updating 10% of the keys (one delta), full restore of
-version 1 (one file), restore of version 2 (snapshot + delta merged), and a
-restore of 1/8 of the key groups (what a rescale 1 -> 8 partitions reads).
+version 1 (one file), restore of version 2 (snapshot + delta merged), a
+restore of 1/8 of the key groups (what a rescale 1 -> 8 partitions reads), and
+the median latency of a small commit (100 changed keys: a typical batch of a
+partition, where fixed per-commit costs such as fsync show). The filesystem
+storage runs twice, with ``fsync`` on (the default) and off, to price it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import shutil
 import tempfile
 import time
@@ -65,12 +69,14 @@ def run(rows: int, level: int) -> list[dict]:
     results = []
     tmp = tempfile.mkdtemp(prefix="bench_storage_")
     try:
-        for kind in ("filesystem", "memory"):
+        for label, kind, fsync in (("filesystem", "filesystem", True), ("filesystem, no fsync", "filesystem", False),
+                                   ("memory", "memory", False)):
             forget_stores()
-            ref = StoreRef(f"file:{tmp}/{kind}", f"file:{tmp}/{kind}/0/0", 0, 0)
-            settings = Settings(storage=kind, compression_level=level, memory_max_state_size=1 << 34)
+            where = f"{tmp}/{label.replace(' ', '').replace(',', '-')}"
+            ref = StoreRef(f"file:{where}", f"file:{where}/0/0", 0, 0)
+            settings = Settings(storage=kind, compression_level=level, memory_max_state_size=1 << 34, fsync=fsync)
             store = open_store(ref, settings)
-            r = {"storage": kind}
+            r = {"storage": label}
             t = time.perf_counter()
             res = store.commit(1, base)
             r["commit"] = rows / (time.perf_counter() - t)
@@ -89,8 +95,15 @@ def run(rows: int, level: int) -> list[dict]:
             r["restore_eighth"] = part / (time.perf_counter() - t)
             assert n1 == n2 == rows, (n1, n2)
             r["raw"] = raw
-            r["disk"] = (_du(f"{tmp}/{kind}") if kind == "filesystem"
+            r["disk"] = (_du(where) if kind == "filesystem"
                          else sum(len(b) for b in store.storage._files.values()))
+            small = []
+            for v in range(3, 23):
+                batch = update.slice((v * 100) % max(1, len(upd_idx) - 100), 100)
+                t = time.perf_counter()
+                store.commit(v, batch)
+                small.append(time.perf_counter() - t)
+            r["commit_small_ms"] = statistics.median(small) * 1000
             results.append(r)
             if kind == "memory":
                 clear_registry(store.storage.root)
@@ -121,6 +134,7 @@ def main(argv=None) -> None:
             ("restore", "restore rows/s", lambda v: f"{v:,.0f}"),
             ("restore_chain", "restore v2 rows/s", lambda v: f"{v:,.0f}"),
             ("restore_eighth", "1/8 kgs rows/s", lambda v: f"{v:,.0f}"),
+            ("commit_small_ms", "100-key commit ms", lambda v: f"{v:.2f}"),
             ("raw", "raw MiB", lambda v: f"{v / 2**20:.1f}"),
             ("disk", "stored MiB", lambda v: f"{v / 2**20:.1f}")]
     if Console:

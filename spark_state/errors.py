@@ -39,6 +39,10 @@ class StorageError(SparkStateError):
     """A storage URL or backend the plugin cannot use."""
 
 
+class StaleState(SparkStateError):
+    """A commit built on a version that storage no longer holds (another task attempt re-committed it)."""
+
+
 class ProtocolError(SparkStateError):
     """A malformed request between the JVM shim and the worker."""
 
@@ -46,5 +50,5 @@ class ProtocolError(SparkStateError):
 __all__ = [
     "SparkStateError", "OptionError", "VersionNotFound", "ChecksumMismatch",
     "StateTooLarge", "StateLost", "MaxParallelismChanged", "FormatVersionError",
-    "StorageError", "ProtocolError",
+    "StorageError", "StaleState", "ProtocolError",
 ]

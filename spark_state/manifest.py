@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass, field
 from spark_state.errors import ChecksumMismatch, FormatVersionError
 
 #: Bumped when a reader of the previous version could misread a new manifest.
-FORMAT_VERSION = 1
+#: 2: manifests name the query (``query_id``); compaction records (``chk-N/_snapshot``).
+FORMAT_VERSION = 2
 
 SNAPSHOT = "snapshot"
 DELTA = "delta"
@@ -48,7 +49,10 @@ class Manifest:
     max_parallelism: int
     files: tuple[FileEntry, ...]
     rows: int | None            # rows of the state at this version; None when the chain has deltas
+    #: identity of this version's content: a re-commit gets a new one; a shim checks it before building on it
     commit_id: str = field(default_factory=lambda: secrets.token_hex(8))
+    #: Spark's query id (``<checkpointLocation>/metadata``): the timeline this version belongs to
+    query_id: str | None = None
     created_ms: int = field(default_factory=lambda: int(time.time() * 1000))
     format: int = FORMAT_VERSION
 
@@ -63,31 +67,69 @@ class Manifest:
     def to_json(self) -> bytes:
         body = asdict(self)
         body["files"] = [asdict(f) for f in self.files]
-        body["checksum"] = _body_crc(body)
-        return json.dumps(body, indent=1, sort_keys=True).encode()
+        return _dump(body)
 
     @classmethod
     def from_json(cls, data: bytes, name: str) -> "Manifest":
         """Parses and verifies a manifest; `name` says which file in error messages."""
-        try:
-            body = json.loads(data)
-            fmt = body["format"]
-        except (ValueError, TypeError, KeyError):
-            raise ChecksumMismatch(f"manifest {name} is not valid JSON or lacks its format; it is corrupted or truncated.") from None
-        if not isinstance(fmt, int) or fmt > FORMAT_VERSION:
-            raise FormatVersionError(
-                f"manifest {name} has format version {fmt}, newer than the {FORMAT_VERSION} this spark_state "
-                f"reads; it was written by a newer spark_state. Upgrade spark_state on the executors (or restore "
-                f"with the version that wrote the checkpoint)."
-            )
-        recorded = body.pop("checksum", None)
-        if recorded != _body_crc(body):
-            raise ChecksumMismatch(f"manifest {name} does not match its own checksum; it is corrupted or was edited.")
+        body = _load(data, f"manifest {name}")
         try:
             files = tuple(FileEntry(**f) for f in body.pop("files"))
             return cls(files=files, **body)
-        except TypeError as err:
+        except (TypeError, KeyError) as err:
             raise ChecksumMismatch(f"manifest {name} has unexpected fields ({err}).") from None
+
+
+@dataclass(frozen=True)
+class CompactionRecord:
+    """``chk-N/_snapshot``: version N's state as one snapshot file, written by background compaction.
+
+    It is valid only while manifest N still has ``commit_id`` (a re-commit of N
+    makes it stale). Compaction writes this record instead of rewriting the
+    manifest, so every file a manifest names stays referenced while its version
+    is kept, and a commit in flight never loses a file it builds on.
+    """
+
+    version: int
+    commit_id: str
+    snapshot: FileEntry
+    created_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    format: int = FORMAT_VERSION
+
+    def to_json(self) -> bytes:
+        return _dump(asdict(self))
+
+    @classmethod
+    def from_json(cls, data: bytes, name: str) -> "CompactionRecord":
+        body = _load(data, f"compaction record {name}")
+        try:
+            return cls(snapshot=FileEntry(**body.pop("snapshot")), **body)
+        except (TypeError, KeyError) as err:
+            raise ChecksumMismatch(f"compaction record {name} has unexpected fields ({err}).") from None
+
+
+def _dump(body: dict) -> bytes:
+    body["checksum"] = _body_crc(body)
+    return json.dumps(body, indent=1, sort_keys=True).encode()
+
+
+def _load(data: bytes, what: str) -> dict:
+    """Parses a JSON record and checks its format version and its own CRC."""
+    try:
+        body = json.loads(data)
+        fmt = body["format"]
+    except (ValueError, TypeError, KeyError):
+        raise ChecksumMismatch(f"{what} is not valid JSON or lacks its format; it is corrupted or truncated.") from None
+    if not isinstance(fmt, int) or fmt > FORMAT_VERSION:
+        raise FormatVersionError(
+            f"{what} has format version {fmt}, newer than the {FORMAT_VERSION} this spark_state "
+            f"reads; it was written by a newer spark_state. Upgrade spark_state on the executors (or restore "
+            f"with the version that wrote the checkpoint)."
+        )
+    recorded = body.pop("checksum", None)
+    if recorded != _body_crc(body):
+        raise ChecksumMismatch(f"{what} does not match its own checksum; it is corrupted or was edited.")
+    return body
 
 
 def _body_crc(body: dict) -> str:

@@ -57,6 +57,24 @@ def _size(name: str, raw: str) -> int:
     return value
 
 
+def _duration(name: str, raw: str) -> float:
+    """Seconds from '0', '30s', '5m', '1h', '250ms' or a bare number of seconds."""
+    text = str(raw).strip().lower()
+    units = (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0))
+    mult = 1.0
+    for suffix, factor in units:
+        if text.endswith(suffix) and not (suffix == "s" and text.endswith("ms")):
+            mult, text = factor, text[: -len(suffix)]
+            break
+    try:
+        value = float(text) * mult
+    except ValueError:
+        raise OptionError(f"{PREFIX}{name}={raw!r} is not a duration; use e.g. 0, 30s, 5m or 1h.") from None
+    if value < 0:
+        raise OptionError(f"{PREFIX}{name}={raw!r} must not be negative; use e.g. 0, 30s or 5m.")
+    return value
+
+
 def _choice(name: str, raw: str, choices: tuple[str, ...]) -> str:
     value = str(raw).strip().lower()
     if value not in choices:
@@ -99,6 +117,8 @@ class Settings:
     memory_metadata_dir: str | None = None
     python: str | None = None
     verify_checksums: bool = True
+    file_grace_period: float = 300.0
+    fsync: bool = True
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> "Settings":
@@ -142,6 +162,8 @@ _SPECS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "memory.metadataDir": ("memory_metadata_dir", _url),
     "python": ("python", lambda n, r: str(r).strip() or None),
     "verifyChecksums": ("verify_checksums", _bool),
+    "fileGracePeriod": ("file_grace_period", _duration),
+    "fsync": ("fsync", _bool),
 }
 
 #: Short option name -> one-line description, for the README and conf/.
@@ -155,6 +177,9 @@ DESCRIPTIONS = {
     "memory.metadataDir": "Memory storage: URL where manifests are written durably. Default: none.",
     "python": "Python that runs the worker. Default: spark.pyspark.python, then PYSPARK_PYTHON, then python3.",
     "verifyChecksums": "Check every file's checksum on restore. Default true.",
+    "fileGracePeriod": ("How long a worker must see a state file unreferenced by every retained version before "
+                        "deleting it (e.g. 0, 30s, 5m). Default 5m."),
+    "fsync": "fsync state files, manifests and their directories on local disks before a commit returns. Default true.",
 }
 
 assert set(DESCRIPTIONS) == set(_SPECS)

@@ -45,6 +45,11 @@ import pyarrow.compute as pc
 from spark_state.errors import ChecksumMismatch, FormatVersionError
 
 CHANGES_SCHEMA = pa.schema([("kg", pa.int32()), ("hash", pa.int32()), ("key", pa.binary()), ("value", pa.binary())])
+#: The same rows with 64-bit offsets: what a partition holding more than 2 GiB of keys and values is merged as.
+LARGE_SCHEMA = pa.schema([("kg", pa.int32()), ("hash", pa.int32()), ("key", pa.large_binary()),
+                          ("value", pa.large_binary())])
+#: Above this many key+value bytes a table is handled with 64-bit offsets (binary's limit is 2 GiB).
+_WIDEN_AT = 1 << 30
 
 INDEX_SCHEMA = pa.schema([
     ("kg", pa.int32()),
@@ -94,14 +99,38 @@ def empty_table() -> pa.Table:
 
 
 def conform(table: pa.Table) -> pa.Table:
-    """Checks a changes/state table has CHANGES_SCHEMA's columns and casts it to exactly that schema."""
+    """Checks a changes/state table has CHANGES_SCHEMA's columns and casts it to exactly that schema
+    (or LARGE_SCHEMA when its key/value already have 64-bit offsets)."""
     missing = [f.name for f in CHANGES_SCHEMA if f.name not in table.column_names]
     if missing:
         raise ValueError(f"changes table lacks column(s) {missing}; expected {CHANGES_SCHEMA}")
     table = table.select(CHANGES_SCHEMA.names)
-    if table.schema != CHANGES_SCHEMA:
-        table = table.cast(CHANGES_SCHEMA)
+    target = LARGE_SCHEMA if table.schema.field("key").type == pa.large_binary() else CHANGES_SCHEMA
+    if table.schema != target:
+        table = table.cast(target)
     return table
+
+
+def _payload_bytes(table: pa.Table) -> int:
+    return sum(table.column(name).nbytes for name in ("key", "value"))
+
+
+def widen(table: pa.Table) -> pa.Table:
+    """The table with 64-bit offsets (a cast of the offsets; the bytes are not copied)."""
+    return table if table.schema == LARGE_SCHEMA else conform(table).cast(LARGE_SCHEMA)
+
+
+def narrow(table: pa.Table) -> pa.Table:
+    """Back to CHANGES_SCHEMA where the rows fit 32-bit offsets; a table too big for that stays wide."""
+    if table.schema == LARGE_SCHEMA and _payload_bytes(table) < _WIDEN_AT:
+        return table.cast(CHANGES_SCHEMA)
+    return table
+
+
+def binary_batches(table: pa.Table, max_rows: int = 65536):
+    """Record batches of CHANGES_SCHEMA (what the JVM shim reads), whatever the table's offsets."""
+    for batch in table.to_batches(max_chunksize=max_rows):
+        yield batch if batch.schema == CHANGES_SCHEMA else batch.cast(CHANGES_SCHEMA)
 
 
 # ------------------------------------------------------------------ writing
@@ -134,6 +163,8 @@ def encode(table: pa.Table, compression_level: int = 3, *, sorted_by_kg: bool = 
            target_batch_bytes: int = TARGET_BATCH_BYTES) -> EncodedFile:
     """Serialises rows (CHANGES_SCHEMA) into one state file; sorts by key group unless told they are."""
     table = conform(table)
+    if _payload_bytes(table) >= _WIDEN_AT:
+        table = widen(table)   # sorting concatenates; binary offsets would overflow past 2 GiB
     table = table.combine_chunks()
     if not sorted_by_kg and table.num_rows > 1:
         kg = table.column("kg").to_numpy()
@@ -155,7 +186,8 @@ def encode(table: pa.Table, compression_level: int = 3, *, sorted_by_kg: bool = 
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, CHANGES_SCHEMA, options=options) as writer:
         for start, rows in zip(batch_first.tolist(), batch_rows.tolist()):
-            writer.write_table(table.slice(start, rows))
+            part = table.slice(start, rows)
+            writer.write_table(part if part.schema == CHANGES_SCHEMA else part.cast(CHANGES_SCHEMA))
     data = sink.getvalue()
 
     # Byte range of each batch message: walk the stream's message framing (no decoding).

@@ -9,6 +9,9 @@ from spark_state import PROVIDER_CLASS
 from spark_state.options import PREFIX, Settings
 
 _PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
+_LISTENERS_KEY = "spark.sql.streaming.streamingQueryListeners"
+#: Driver-side listener that logs a warning when stores report failing background maintenance.
+MAINTENANCE_LISTENER = "io.sparkstate.shim.MaintenanceWarnings"
 
 #: configure() keyword -> option short name, so Python callers can use snake_case.
 KEYWORDS = {
@@ -21,6 +24,8 @@ KEYWORDS = {
     "memory_metadata_dir": "memory.metadataDir",
     "python": "python",
     "verify_checksums": "verifyChecksums",
+    "file_grace_period": "fileGracePeriod",
+    "fsync": "fsync",
 }
 
 
@@ -45,6 +50,7 @@ def spark_conf(**options: Any) -> dict[str, str]:
     options.setdefault("python", sys.executable)
     conf = option_conf(**options)
     conf[_PROVIDER_KEY] = PROVIDER_CLASS
+    conf[_LISTENERS_KEY] = MAINTENANCE_LISTENER
     conf["spark.jars"] = str(shim_jar())
     return conf
 
@@ -57,9 +63,12 @@ def configure(builder, **options: Any):
     A ``spark.jars`` value already on the builder is kept; the shim jar is appended.
     """
     conf = spark_conf(**options)
-    jar = conf.pop("spark.jars")
-    existing = builder._options.get("spark.jars") if hasattr(builder, "_options") else None
-    builder = builder.config("spark.jars", f"{existing},{jar}" if existing else jar)
+    for key in ("spark.jars", _LISTENERS_KEY):   # lists: keep what the builder already has
+        existing = builder._options.get(key) if hasattr(builder, "_options") else None
+        value = conf.pop(key)
+        if existing and value not in existing.split(","):
+            value = f"{existing},{value}"
+        builder = builder.config(key, value)
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder

@@ -2,17 +2,31 @@
 
 A version is a chain: a full snapshot (or nothing) followed by deltas, one per
 commit since. ``commit`` is on Spark's critical path, so it writes exactly one
-data file (the delta) and one manifest, building on the previous version's
-chain, which it keeps in memory. ``maintenance`` (a background thread in the
-worker) folds long chains into a new snapshot and deletes what no retained
+data file (the delta) and one manifest. ``maintenance`` (a background thread
+in the worker) folds long chains into a snapshot and deletes what no retained
 version needs.
 
-Concurrency, within one process (one VersionedStore per root, see
-``open_store``): a per-store lock serialises commits, manifest swaps and
-deletions; loads and compactions read without it but *pin* the files they
-use, and deletion never touches a pinned file. Across processes Spark runs one
-task per store at a time; a file written for a version newer than the newest
-manifest may belong to someone's in-flight commit and is never collected.
+Several processes touch one store (executors come and go, task attempts are
+retried and speculated), so nothing here trusts memory over storage
+(docs/consistency.md has the argument in full):
+
+* **Identity.** Every manifest carries a ``commit_id`` (its content's identity)
+  and the ``query_id`` of its timeline. A commit reads version-1's manifest
+  fresh and builds on it only if it is the one the caller loaded
+  (``base_commit_id``), else ``StaleState``.
+* **Manifests are immutable** but for a re-commit of the same version.
+  Compaction writes a *record* (``chk-N/_snapshot``) beside manifest N instead
+  of rewriting it, so whatever a kept manifest names stays referenced.
+* **Deletion** (retention, in any process) removes a data file only when
+  (a) no present manifest or compaction record names it, (b) it was written
+  for a version below the retained window, which every in-flight commit and
+  compaction writes above, and (c) this process has seen it unreferenced for
+  ``file_grace_period``, longer than any commit may take between reading
+  its base and writing its manifest (commits past half the period give up).
+  ``abort`` deletes only what this process wrote.
+
+Within one process a per-store lock serialises commits and deletions; loads
+and compactions pin the files they read.
 """
 
 from __future__ import annotations
@@ -20,6 +34,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -28,37 +43,55 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_state import snapshot
-from spark_state.errors import ProtocolError, SparkStateError, StateTooLarge, StorageError
+from spark_state.errors import (ProtocolError, SparkStateError, StaleState, StateTooLarge, StorageError,
+                                VersionNotFound)
+from spark_state.faults import fault
 from spark_state.keygroups import as_key_group_array, check_max_parallelism, check_same_max_parallelism, key_groups_of
-from spark_state.manifest import DELTA, SNAPSHOT, FileEntry, Manifest
-from spark_state.options import Settings
+from spark_state.manifest import DELTA, SNAPSHOT, CompactionRecord, FileEntry, Manifest
+from spark_state.options import PREFIX, Settings
 from spark_state.snapshot import CHANGES_SCHEMA
 from spark_state.storage import CheckpointStorage, resolve_root, storage_for
-from spark_state.storage.base import file_version, manifest_path
+from spark_state.storage.base import file_version, manifest_path, record_path
 
 log = logging.getLogger(__name__)
 
 #: Manifests kept in memory per store (retention re-reads only those whose listing stamp changed).
 _CACHE_LIMIT = 1024
+#: Versions retention always keeps, whatever minBatchesToRetain says: a commit in flight builds on
+#: the newest, and a duplicate attempt of it on the one before.
+MIN_KEPT_VERSIONS = 2
+#: "The caller did not say which version it holds": skip the base identity check (readers, old shims).
+UNCHECKED = object()
 
-__all__ = ["CHANGES_SCHEMA", "StoreRef", "CommitResult", "VersionedStore", "open_store", "merge_chain"]
+__all__ = ["CHANGES_SCHEMA", "StoreRef", "CommitResult", "Loaded", "VersionedStore", "open_store", "merge_chain",
+           "UNCHECKED"]
 
 
 @dataclass(frozen=True)
 class StoreRef:
-    """One Spark state store: (operator, partition, storeName) of one query."""
+    """One Spark state store: (operator, partition, storeName) of one query's checkpoint."""
 
     spark_root: str   # StateStoreId.checkpointRootLocation, e.g. "file:/tmp/q/state"
     location: str     # StateStoreId.storeCheckpointLocation URI, e.g. "file:/tmp/q/state/0/3"
     operator: int
     partition: int
     name: str = "default"
+    query_id: str | None = None   # Spark's query id (<checkpointLocation>/metadata): the timeline
 
 
 @dataclass(frozen=True)
 class CommitResult:
     bytes_written: int   # data file + manifest
     files: int           # files written (the data file and the manifest)
+    commit_id: str = ""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A version as a restore sees it: its rows (None when the caller's copy is still current) and identity."""
+
+    table: pa.Table | None
+    commit_id: str | None
 
 
 def _fold_deltas(tables: list[pa.Table]) -> pa.Table:
@@ -82,12 +115,16 @@ def merge_chain(tables: list[pa.Table], *, ordered: bool = True) -> pa.Table:
     key no delta touches (a hash lookup, ``is_in``). Each table holds at most
     one row per key (the commit contract). ``ordered`` sorts the result by key
     group, which files need and a restore into the JVM's hash map does not.
+    Work happens on 64-bit offsets, so more than 2 GiB of keys and values merge;
+    the result keeps CHANGES_SCHEMA's types where it fits and large_binary where not.
     """
     tables = [t for t in tables if t.num_rows]
     if not tables:
         return snapshot.empty_table()
     base, deltas = tables[0], tables[1:]
     if deltas:
+        tables = [snapshot.widen(t) for t in tables]
+        base, deltas = tables[0], tables[1:]
         newer = deltas[0] if len(deltas) == 1 else _fold_deltas(deltas)
         untouched = pc.invert(pc.is_in(base.column("key"), value_set=newer.column("key").combine_chunks()))
         merged = pa.concat_tables([base.filter(untouched), newer])
@@ -96,23 +133,31 @@ def merge_chain(tables: list[pa.Table], *, ordered: bool = True) -> pa.Table:
     merged = merged.filter(merged.column("value").is_valid())
     if ordered and len(tables) > 1:
         merged = merged.take(np.argsort(merged.column("kg").to_numpy(), kind="stable"))
-    return merged
+    return snapshot.narrow(merged)
 
 
 class VersionedStore:
     """The versions of one store in one checkpoint storage (see module docstring)."""
 
-    def __init__(self, storage: CheckpointStorage, settings: Settings, name: str | None = None):
+    def __init__(self, storage: CheckpointStorage, settings: Settings, name: str | None = None,
+                 query_id: str | None = None):
         self.storage = storage
         self.settings = settings
         self.name = name or storage.root
+        self.query_id = query_id
         self._lock = threading.RLock()
         self._maintenance_lock = threading.Lock()
-        self._latest: Manifest | None = None                  # newest manifest this instance wrote or read
         self._cache: dict[int, tuple[str | None, Manifest]] = {}   # version -> (listing stamp, manifest)
         self._pins: collections.Counter[str] = collections.Counter()
-        self._rebase: tuple[tuple[str, ...], FileEntry] | None = None  # old chain prefix -> compacted snapshot
+        #: In-process shortcut after a compaction: (chain prefix paths, snapshot, its version, monotonic time
+        #: written). Later commits whose base chain starts with that prefix build on the snapshot instead.
+        self._rebase: tuple[tuple[str, ...], FileEntry, int, float] | None = None
         self._deferred: SparkStateError | None = None          # a maintenance failure to surface on commit
+        self._leftovers: dict[int, set[str]] = {}              # files this process wrote and could not remove
+        self._unreferenced_since: dict[str, float] = {}        # retention's grace clock, per file
+        self.maintenance_failures = 0                          # consecutive failed maintenance runs
+        self.maintenance_error: str | None = None
+        self.last_used = time.monotonic()
 
     def __repr__(self) -> str:
         return f"VersionedStore({self.name!r}, {self.storage.kind})"
@@ -124,14 +169,45 @@ class VersionedStore:
         if hasattr(self.storage, "max_state_size"):
             self.storage.max_state_size = settings.memory_max_state_size
 
+    def busy(self) -> bool:
+        """True while anything of this process is using the store (it must not be evicted)."""
+        if self._pins or self._maintenance_lock.locked():
+            return True
+        if not self._lock.acquire(blocking=False):
+            return True
+        self._lock.release()
+        return False
+
     # ------------------------------------------------------------- manifests
 
     def _read_manifest(self, version: int) -> Manifest:
-        manifest = Manifest.from_json(self.storage.read_manifest(version), f"{self.storage.root}/{manifest_path(version)}")
+        return self._parse_manifest(version, self.storage.read_manifest(version))
+
+    def _parse_manifest(self, version: int, data: bytes) -> Manifest:
+        manifest = Manifest.from_json(data, f"{self.storage.root}/{manifest_path(version)}")
         if manifest.version != version:
             raise StorageError(f"{self.storage.root}/{manifest_path(version)} describes version {manifest.version}, "
                                f"not {version}; the checkpoint directory was tampered with.")
         return manifest
+
+    def _view(self, version: int) -> tuple[Manifest, CompactionRecord | None]:
+        """Version N as storage holds it now: its manifest and its compaction record if still valid."""
+        manifest_bytes, record_bytes = self.storage.read_version(version)
+        manifest = self._parse_manifest(version, manifest_bytes)
+        record = None
+        if record_bytes is not None:
+            try:
+                record = CompactionRecord.from_json(record_bytes, f"{self.storage.root}/{record_path(version, '_snapshot')}")
+            except SparkStateError as err:   # an unusable record only costs speed: the manifest is the truth
+                log.warning("ignoring compaction record of %s version %d: %s", self.name, version, err)
+            else:
+                if record.commit_id != manifest.commit_id or record.version != version:
+                    record = None   # version N was re-committed after its compaction
+        return manifest, record
+
+    @staticmethod
+    def _chain(manifest: Manifest, record: CompactionRecord | None) -> tuple[FileEntry, ...]:
+        return (record.snapshot,) if record is not None else manifest.files
 
     def _check_parallelism(self, manifest: Manifest) -> None:
         check_same_max_parallelism(manifest.max_parallelism, self.settings.max_parallelism,
@@ -164,8 +240,15 @@ class VersionedStore:
                 )
         return changes
 
-    def commit(self, version: int, changes: pa.Table) -> CommitResult:
-        """Makes `version` = version-1 + changes durable (see module docstring). Replaces an existing `version`."""
+    def commit(self, version: int, changes: pa.Table, base_commit_id=UNCHECKED,
+               min_versions_to_retain: int | None = None) -> CommitResult:
+        """Makes `version` = version-1 + changes durable; replaces an existing `version` (a retried batch).
+
+        ``base_commit_id`` is the identity of version-1 the caller built its
+        changes on (None for version 0); storage must still hold exactly that,
+        else ``StaleState``. ``min_versions_to_retain`` bounds how far back a
+        compacted snapshot may be reused (see ``_rebased``).
+        """
         if version < 1:
             raise ProtocolError(f"cannot commit version {version} of {self.name}: versions start at 1.")
         check_max_parallelism(self.settings.max_parallelism)
@@ -173,68 +256,126 @@ class VersionedStore:
         with self._lock:
             if self._deferred is not None:
                 raise self._deferred
-            base = self._base(version - 1)
-            if base is not None:
+            started = time.monotonic()
+            chain: tuple[FileEntry, ...] = ()
+            if version > 1:
+                base, record = self._view(version - 1)
+                self._check_base(base, base_commit_id)
                 self._check_parallelism(base)
-            elif self._latest is not None:
-                self._check_parallelism(self._latest)
-            chain: tuple[FileEntry, ...] = base.files if base is not None else ()
-            if self._rebase is not None and chain[:len(self._rebase[0])] and \
-                    tuple(f.path for f in chain[:len(self._rebase[0])]) == self._rebase[0]:
-                chain = (self._rebase[1],) + chain[len(self._rebase[0]):]
+                chain = self._rebased(self._chain(base, record), version, min_versions_to_retain)
             if chain:
                 kind, rows = DELTA, changes
             else:   # building on the empty state: the changes are the whole state
                 kind, rows = SNAPSHOT, changes.filter(changes.column("value").is_valid())
             encoded = snapshot.encode(rows, self.settings.compression_level)
             path = self.storage.new_file_path(version, kind)
-            self.storage.write_file(path, encoded.data)
-            entry = _entry(path, kind, version, encoded)
-            manifest = Manifest(version, self.settings.max_parallelism, chain + (entry,),
-                                rows=encoded.rows if kind == SNAPSHOT else None)
+            manifest = Manifest(version, self.settings.max_parallelism, chain + (_entry(path, kind, version, encoded),),
+                                rows=encoded.rows if kind == SNAPSHOT else None, query_id=self.query_id)
             body = manifest.to_json()
             try:
+                self.storage.write_file(path, encoded.data)
+                fault("commit-after-data")
+                self._check_deadline(version, started)
                 self.storage.commit_manifest(version, body)
             except BaseException:
-                self.storage.delete_files([path])
+                self._discard(version, [path])
                 raise
-            self._cache[version] = (None, manifest)
-            if len(self._cache) > _CACHE_LIMIT:   # maintenance normally trims it; bound it anyway
-                for old in sorted(self._cache)[:len(self._cache) - _CACHE_LIMIT]:
-                    del self._cache[old]
-            if self._latest is None or version >= self._latest.version:
-                self._latest = manifest
+            fault("commit-after-manifest")
+            self._remember(manifest, None)
             log.debug("committed %s version %d: %d rows, %d bytes", self.name, version, encoded.rows, encoded.size)
-            return CommitResult(encoded.size + len(body), 2)
+            return CommitResult(encoded.size + len(body), 2, manifest.commit_id)
 
-    def _base(self, version: int) -> Manifest | None:
-        if version == 0:
-            return None
-        if self._latest is not None and self._latest.version == version:
-            return self._latest
-        return self._read_manifest(version)
+    def _check_base(self, base: Manifest, base_commit_id) -> None:
+        if base_commit_id is not UNCHECKED and base_commit_id is not None and base.commit_id != base_commit_id:
+            raise StaleState(
+                f"version {base.version} of state store {self.name} was re-committed (by another attempt of its "
+                f"task, on this or another executor) after this task loaded it: storage holds commit "
+                f"{base.commit_id}, the task built on {base_commit_id}. The task fails and Spark's retry reloads "
+                f"the version storage holds; nothing committed is lost."
+            )
+        if base.query_id and self.query_id and base.query_id != self.query_id:
+            raise StorageError(
+                f"version {base.version} of state store {self.name} belongs to query {base.query_id}, not to query "
+                f"{self.query_id} that is committing on it: two checkpoints' state share one directory. Give each "
+                f"query its own checkpointLocation (with {PREFIX}checkpointRoot, each query's state goes to its own "
+                f"directory), or delete the stale state directory."
+            )
+
+    def _check_deadline(self, version: int, started: float) -> None:
+        """A commit slower than half the grace period might reference files retention judged orphaned."""
+        grace = self.settings.file_grace_period
+        elapsed = time.monotonic() - started
+        if grace > 0 and elapsed > grace / 2:
+            raise StorageError(
+                f"commit of version {version} of {self.name} took {elapsed:.1f} s between reading its base and "
+                f"writing its manifest, more than half of {PREFIX}fileGracePeriod ({grace:g} s); it was abandoned "
+                f"so it cannot reference files another process may delete. Raise {PREFIX}fileGracePeriod if "
+                f"storage is this slow."
+            )
+
+    def _discard(self, version: int, paths: list[str]) -> None:
+        """Removes files this process wrote for a commit that did not happen; remembers what it could not."""
+        try:
+            self.storage.delete_files(paths)
+        except Exception as err:  # noqa: BLE001 - the commit's own error matters more
+            log.warning("could not remove %s of a failed commit of %s: %s", paths, self.name, err)
+            self._leftovers.setdefault(version, set()).update(paths)
+
+    def _rebased(self, chain: tuple[FileEntry, ...], version: int, keep: int | None) -> tuple[FileEntry, ...]:
+        """The chain with a prefix this process compacted replaced by its snapshot, when that is safe.
+
+        Safe while the snapshot's own version is retained by every process
+        (its record references it; a commit of `version` keeps versions from
+        version - max(keep, 2) + 1) and, with a grace period, while it is young
+        enough that the new manifest lands before any orphan judgement matures.
+        """
+        if self._rebase is None:
+            return chain
+        prefix, entry, compacted_version, written = self._rebase
+        if tuple(f.path for f in chain[:len(prefix)]) != prefix:
+            return chain
+        if compacted_version < version - max(keep or MIN_KEPT_VERSIONS, MIN_KEPT_VERSIONS) + 1:
+            return chain
+        grace = self.settings.file_grace_period
+        if grace > 0 and time.monotonic() - written > grace / 4:
+            return chain
+        return (entry,) + chain[len(prefix):]
+
+    def _remember(self, manifest: Manifest, stamp: str | None) -> None:
+        self._cache[manifest.version] = (stamp, manifest)
+        if len(self._cache) > _CACHE_LIMIT:   # maintenance normally trims it; bound it anyway
+            for old in sorted(self._cache)[:len(self._cache) - _CACHE_LIMIT]:
+                del self._cache[old]
 
     # ------------------------------------------------------------- load
 
     def load(self, version: int, key_groups=None, *, ordered: bool = True) -> pa.Table:
         """The full state at `version` (or only `key_groups`), without deletes; sorted by key group
         unless ``ordered=False`` (a restore into a hash map does not need the order)."""
+        return self.load_checked(version, key_groups=key_groups, ordered=ordered).table
+
+    def load_checked(self, version: int, known_commit_id: str | None = None, *, key_groups=None,
+                     ordered: bool = True) -> Loaded:
+        """`version` with its commit id, read fresh from storage; no rows when it is still `known_commit_id`."""
         if version == 0:
-            return snapshot.empty_table()
+            return Loaded(snapshot.empty_table(), None)
         if version < 0:
             raise self.storage.version_not_found(version)
         with self._lock:
-            manifest = self._read_manifest(version)   # always fresh: another process may have re-committed it
-            self._pin(manifest.paths)
+            manifest, record = self._view(version)
+            if known_commit_id is not None and manifest.commit_id == known_commit_id:
+                return Loaded(None, manifest.commit_id)
+            chain = self._chain(manifest, record)
+            self._pin(f.path for f in chain)
         try:
             self._check_parallelism(manifest)
             wanted = None if key_groups is None else as_key_group_array(key_groups, manifest.max_parallelism)
-            tables = [self._read(entry, wanted) for entry in manifest.files]
-            if len(tables) == 1 and manifest.files[0].kind == SNAPSHOT:
-                return tables[0]
-            return merge_chain(tables, ordered=ordered)
+            tables = [self._read(entry, wanted) for entry in chain]
+            if len(tables) == 1 and chain[0].kind == SNAPSHOT:
+                return Loaded(tables[0], manifest.commit_id)
+            return Loaded(merge_chain(tables, ordered=ordered), manifest.commit_id)
         finally:
-            self._unpin(manifest.paths)
+            self._unpin(f.path for f in chain)
 
     def _read(self, entry: FileEntry, key_groups: np.ndarray | None) -> pa.Table:
         verify = self.settings.verify_checksums
@@ -262,85 +403,99 @@ class VersionedStore:
     # ------------------------------------------------------------- abort
 
     def abort(self, version: int) -> None:
-        """Removes files written for `version` that no manifest names (a commit that died before its manifest)."""
+        """Removes files this process wrote for `version` that no manifest names.
+
+        Never a file merely unreferenced: another executor's commit of the same
+        version may be writing it right now; retention collects real orphans.
+        """
         with self._lock:
-            referenced = set(self._pins)
-            for v in self.storage.list_versions():
-                if v >= version:
-                    try:
-                        referenced.update(self._read_manifest(v).paths)
-                    except SparkStateError:
-                        return   # cannot tell what is referenced: delete nothing
-            leftovers = [p for p in self.storage.list_files() if file_version(p) == version and p not in referenced]
-            if leftovers:
-                log.info("abort %s version %d: removing %d unreferenced file(s)", self.name, version, len(leftovers))
-                self.storage.delete_files(leftovers)
+            leftovers = self._leftovers.pop(version, set())
+            if not leftovers:
+                return
+            try:
+                referenced = set(self._read_manifest(version).paths)
+            except VersionNotFound:
+                referenced = set()
+            except SparkStateError:
+                self._leftovers[version] = leftovers   # cannot tell: keep them for retention
+                return
+            self.storage.delete_files(sorted(leftovers - referenced))
 
     # ------------------------------------------------------------- maintenance
 
-    def maintenance(self, min_versions_to_retain: int) -> None:
-        """Compaction, then retention. One run per store at a time; a concurrent call returns at once."""
+    def maintenance(self, min_versions_to_retain: int, version: int | None = None) -> None:
+        """Compaction, then retention, around `version` (the version the caller holds; default the newest).
+
+        Retention runs even when compaction fails; a failure is counted in
+        ``maintenance_failures`` / ``maintenance_error`` (reported with every
+        commit) and logged. One run per store at a time; a concurrent call returns at once.
+        """
         if not self._maintenance_lock.acquire(blocking=False):
             return
         try:
+            errors = []
             try:
-                self._compact()
+                self._compact(version)
             except StateTooLarge as err:
-                log.warning("compaction of %s failed: %s", self.name, err)
                 self._deferred = err
-            self._retain(max(1, int(min_versions_to_retain)))
+                errors.append(err)
+            except Exception as err:  # noqa: BLE001 - retention must still run
+                errors.append(err)
+            try:
+                self._retain(max(1, int(min_versions_to_retain)), version)
+            except Exception as err:  # noqa: BLE001
+                errors.append(err)
+            if errors:
+                self.maintenance_failures += 1
+                self.maintenance_error = "; ".join(f"{type(e).__name__}: {e}" for e in errors)
+                log.warning("maintenance of %s failed (%d in a row): %s", self.name, self.maintenance_failures,
+                            self.maintenance_error)
+            else:
+                self.maintenance_failures, self.maintenance_error = 0, None
         finally:
             self._maintenance_lock.release()
 
-    def _compact(self) -> None:
+    def _compact(self, version: int | None) -> None:
+        if version is None:
+            version = self.latest_version()
+        if not version:
+            return
+        try:
+            manifest, record = self._view(version)
+        except VersionNotFound:
+            return
+        if record is not None or manifest.deltas_since_snapshot < self.settings.snapshot_interval:
+            return
+        self._check_parallelism(manifest)
+        chain = self._rebased(manifest.files, version, None)   # read less when this process compacted before
         with self._lock:
-            latest = self._latest
-            if latest is None:
-                versions = self.storage.list_versions()
-                if not versions:
-                    return
-                latest = self._read_manifest(versions[-1])
-            if sum(f.kind == DELTA for f in latest.files) < self.settings.snapshot_interval:
-                return
-            self._pin(latest.paths)
+            self._pin(f.path for f in chain)
         path = None
         try:
-            self._check_parallelism(latest)
-            state = merge_chain([self._read(entry, None) for entry in latest.files])
+            state = merge_chain([self._read(entry, None) for entry in chain])
             encoded = snapshot.encode(state, self.settings.compression_level, sorted_by_kg=True)
-            path = self.storage.new_file_path(latest.version, SNAPSHOT)
-            with self._lock:
-                self._pin([path])
+            path = self.storage.new_file_path(version, SNAPSHOT)
             self.storage.write_file(path, encoded.data)
-            entry = _entry(path, SNAPSHOT, latest.version, encoded)
-            compacted = Manifest(latest.version, latest.max_parallelism, (entry,), rows=encoded.rows)
+            fault("compaction-after-snapshot")
+            entry = _entry(path, SNAPSHOT, version, encoded)
             with self._lock:
-                try:
-                    current = self._read_manifest(latest.version)
-                except SparkStateError:
-                    current = None
-                if current is None or current.commit_id != latest.commit_id:
-                    log.info("compaction of %s version %d skipped: the version changed meanwhile", self.name,
-                             latest.version)
-                    self._unpin([path])
+                current = self._read_manifest(version)
+                if current.commit_id != manifest.commit_id:
+                    log.info("compaction of %s version %d skipped: the version was re-committed meanwhile",
+                             self.name, version)
                     self.storage.delete_files([path])
                     return
-                self.storage.commit_manifest(latest.version, compacted.to_json())
-                self._cache[latest.version] = (None, compacted)
-                if self._latest is not None and self._latest.version == latest.version:
-                    self._latest = compacted
-                if self._rebase is not None:
-                    self._unpin([self._rebase[1].path])
-                self._rebase = (tuple(latest.paths), entry)   # keeps `path` pinned while commits may rebase on it
+                self.storage.commit_compaction(version, CompactionRecord(version, manifest.commit_id, entry).to_json())
+                self._rebase = (tuple(manifest.paths), entry, version, time.monotonic())
                 self._deferred = None
-                log.info("compacted %s version %d: %d deltas -> snapshot of %d rows (%d bytes)", self.name,
-                         latest.version, latest.deltas_since_snapshot, encoded.rows, encoded.size)
+            log.info("compacted %s version %d: %d deltas -> snapshot of %d rows (%d bytes)", self.name, version,
+                     manifest.deltas_since_snapshot, encoded.rows, encoded.size)
         except BaseException:
             if path is not None and (self._rebase is None or self._rebase[1].path != path):
-                self._unpin([path])
+                self.storage.delete_files([path])   # ours, and no record names it
             raise
         finally:
-            self._unpin(latest.paths)
+            self._unpin(f.path for f in chain)
 
     def _manifests(self, versions: list[int], stamps: dict[int, str]) -> dict[int, Manifest]:
         """Manifests of `versions`, re-read only where the listing stamp changed since they were cached."""
@@ -351,42 +506,52 @@ class VersionedStore:
                 out[v] = cached[1]
                 continue
             manifest = self._read_manifest(v)
-            self._cache[v] = (stamps.get(v), manifest)
+            self._remember(manifest, stamps.get(v))
             out[v] = manifest
         return out
 
-    def _retain(self, keep_count: int) -> None:
+    def _records(self, versions: Iterable[int]) -> list[CompactionRecord]:
+        out = []
+        for v in versions:
+            data = self.storage.read_record(v, "_snapshot")
+            if data is not None:
+                out.append(CompactionRecord.from_json(data, f"{self.storage.root}/{record_path(v, '_snapshot')}"))
+        return out
+
+    def _retain(self, keep: int, version: int | None) -> None:
+        """Drops versions below the window and deletes files that are orphans by the module's three rules."""
+        keep = max(keep, MIN_KEPT_VERSIONS)
         stamps = self.storage.list_manifests()
-        versions = sorted(stamps)
-        try:
-            self._manifests(versions[-keep_count:], stamps)   # warm the cache outside the lock
-        except SparkStateError as err:
-            log.warning("retention of %s skipped: %s", self.name, err)
+        if not stamps:
             return
+        current = version if version is not None else max(stamps)
+        oldest = current - keep + 1
+        self._manifests([v for v in stamps if v >= oldest], stamps)   # warm the cache outside the lock
         with self._lock:
             stamps = self.storage.list_manifests()
-            versions = sorted(stamps)
-            if not versions:
-                return
-            keep, drop = versions[-keep_count:], versions[:-keep_count]
-            try:
-                kept = self._manifests(keep, stamps)
-            except SparkStateError as err:
-                log.warning("retention of %s skipped: %s", self.name, err)
-                return
+            drop = sorted(v for v in stamps if v < oldest)
+            kept = sorted(v for v in stamps if v >= oldest)
+            manifests = self._manifests(kept, stamps)
+            records = self._records(self.storage.list_records("_snapshot").keys() - set(drop))
             for v in drop:
                 self.storage.delete_version(v)
                 self._cache.pop(v, None)
             referenced = set(self._pins)
-            for manifest in kept.values():
+            for manifest in manifests.values():
                 referenced.update(manifest.paths)
-            newest = versions[-1]
-            garbage = [p for p in self.storage.list_files()
-                       if p not in referenced and (file_version(p) is not None and file_version(p) <= newest)]
-            if garbage:
-                self.storage.delete_files(garbage)
-            if drop or garbage:
-                log.info("retention of %s: dropped versions %s, %d file(s)", self.name, drop, len(garbage))
+            referenced.update(r.snapshot.path for r in records)
+            orphans = [p for p in self.storage.list_files()
+                       if p not in referenced and file_version(p) is not None and file_version(p) < oldest]
+            now = time.monotonic()
+            self._unreferenced_since = {p: self._unreferenced_since.get(p, now) for p in orphans}
+            due = [p for p, since in self._unreferenced_since.items()
+                   if now - since >= self.settings.file_grace_period]
+            if due:
+                self.storage.delete_files(due)
+                for p in due:
+                    del self._unreferenced_since[p]
+            if drop or due:
+                log.info("retention of %s: dropped versions %s, %d file(s)", self.name, drop, len(due))
 
 
 def _entry(path: str, kind: str, version: int, encoded: snapshot.EncodedFile) -> FileEntry:
@@ -397,29 +562,45 @@ def _entry(path: str, kind: str, version: int, encoded: snapshot.EncodedFile) ->
 
 # ----------------------------------------------------------------- cache of stores
 
-_STORES: dict[tuple[str, str], VersionedStore] = {}
+#: A cached store unused this long is dropped (a long-lived worker sees many queries come and go).
+STORE_IDLE_SECONDS = 600.0
+
+_STORES: dict[tuple[str, str, str | None], VersionedStore] = {}
 _STORES_LOCK = threading.Lock()
 
 
 def open_store(ref: StoreRef, settings: Settings) -> VersionedStore:
-    """The VersionedStore of `ref`, one per (resolved root, storage kind) in this process.
+    """The VersionedStore of `ref`, one per (resolved root, storage kind, query id) in this process.
 
     The root is `ref.location` as an fsspec URL when settings.checkpoint_root
-    is None, else checkpoint_root/sha1(spark_root)[:16]/operator/partition/name
-    (see spark_state.storage.resolve_root). Memory storage keys its registry by
-    the same root. The newest settings win (they come with every request).
+    is None, else under checkpoint_root, keyed by the query's state directory
+    and its query id (see spark_state.storage.resolve_root). Two timelines
+    (a deleted and re-created checkpoint, another query) never share a cached
+    store. The newest settings win (they come with every request).
     """
     root = resolve_root(ref, settings)
-    key = (root, settings.storage)
+    key = (root, settings.storage, ref.query_id)
+    now = time.monotonic()
     with _STORES_LOCK:
-        store = _STORES.get(key)
+        store = _STORES.pop(key, None)
         if store is None:
             store = VersionedStore(storage_for(ref, settings), settings,
-                                   name=f"{root} (operator {ref.operator}, partition {ref.partition}, {ref.name})")
-            _STORES[key] = store
+                                   name=f"{root} (operator {ref.operator}, partition {ref.partition}, {ref.name})",
+                                   query_id=ref.query_id)
         else:
             store.update_settings(settings)
+        store.last_used = now
+        _evict_idle(now)
+        _STORES[key] = store   # most recently used last
         return store
+
+
+def _evict_idle(now: float) -> None:
+    for key, store in list(_STORES.items()):
+        if now - store.last_used < STORE_IDLE_SECONDS:
+            break
+        if not store.busy():
+            del _STORES[key]
 
 
 def forget_stores() -> None:

@@ -16,7 +16,7 @@ from spark_state.errors import (
     VersionNotFound,
 )
 from spark_state.keygroups import key_groups_of
-from spark_state.manifest import Manifest
+from spark_state.manifest import CompactionRecord, Manifest
 from spark_state.options import Settings
 from spark_state.state import CHANGES_SCHEMA, StoreRef, VersionedStore, forget_stores, merge_chain, open_store
 from spark_state.storage import FileSystemCheckpointStorage, MemoryCheckpointStorage, clear_registry
@@ -54,7 +54,7 @@ class Backend:
                      "memory": f"file://{self.tmp}/m"}[kind]
 
     def store(self, **kw):
-        opts = dict(max_parallelism=M, snapshot_interval=2)
+        opts = dict(max_parallelism=M, snapshot_interval=2, file_grace_period=0)
         opts.update(kw)
         s = Settings(**opts)
         if self.kind == "memory":
@@ -72,11 +72,16 @@ class Backend:
 
 
 def assert_files_of_kept_versions_exist(store):
+    """Every file a present manifest or compaction record names exists."""
     present = set(store.storage.list_files())
     for v in store.versions():
         manifest = Manifest.from_json(store.storage.read_manifest(v), str(v))
         missing = set(manifest.paths) - present
         assert not missing, f"version {v} references deleted files {missing}"
+        record = store.storage.read_record(v, "_snapshot")
+        if record is not None:
+            snap = CompactionRecord.from_json(record, str(v)).snapshot.path
+            assert snap in present, f"compaction record of version {v} names deleted file {snap}"
 
 
 value = st.one_of(st.none(), st.binary(max_size=20))
@@ -127,7 +132,7 @@ def test_model(kind, ops):
             elif name == "maintenance":
                 store.maintenance(o[1])
                 committed = sorted(v for v in model if v > 0)
-                for v in committed[:-o[1]]:
+                for v in committed[:-max(o[1], 2)]:   # at least two versions are always kept
                     del model[v]
                 assert_files_of_kept_versions_exist(store)
             elif name in ("load", "load_kg"):
@@ -183,13 +188,21 @@ def test_crash_between_data_and_manifest_leaves_no_version(tmp_path):
     assert good.versions() == [1]
     with pytest.raises(VersionNotFound):
         good.load(2)
-    # A process killed after the data write (no cleanup ran) leaves an orphan that abort / retention collect.
+    # A process killed after the data write (no cleanup ran) leaves an orphan. Another process's abort must
+    # not touch it (it could be a live commit's file); retention collects it once its version leaves the window.
     orphan = good.storage.new_file_path(2, "delta")
     good.storage.write_file(orphan, b"half a commit")
     good.abort(2)
-    assert orphan not in good.storage.list_files()
+    assert orphan in good.storage.list_files()
     good.commit(2, changes({b"k2": b"b"}))
     assert as_dict(good.load(2)) == {b"k1": b"a", b"k2": b"b"}
+    good.commit(3, changes({b"k3": b"c"}))
+    good.commit(4, changes({b"k4": b"d"}))
+    collector = VersionedStore(FileSystemCheckpointStorage(root), Settings(max_parallelism=M, file_grace_period=0))
+    collector.maintenance(2)
+    assert orphan not in collector.storage.list_files()
+    assert_files_of_kept_versions_exist(collector)
+    assert as_dict(collector.load(4)) == {b"k1": b"a", b"k2": b"b", b"k3": b"c", b"k4": b"d"}
 
 
 def test_recommit_replaces_cleanly(fs_store):
@@ -199,8 +212,12 @@ def test_recommit_replaces_cleanly(fs_store):
     fs_store.commit(2, changes({b"k3": b"c"}))
     assert as_dict(fs_store.load(2)) == {b"k1": b"a", b"k3": b"c"}
     assert first <= set(fs_store.storage.list_files()), "a re-commit never overwrites an existing file"
-    fs_store.maintenance(5)
-    assert len(fs_store.storage.list_files()) == 2, "the replaced delta is collected"
+    fs_store.commit(3, changes({b"k4": b"d"}))
+    fs_store.commit(4, changes({b"k5": b"e"}))
+    fs_store.settings = Settings(max_parallelism=M, file_grace_period=0)
+    fs_store.maintenance(2)
+    assert len(fs_store.storage.list_files()) == 4, "the replaced delta is collected once version 2 leaves the window"
+    assert_files_of_kept_versions_exist(fs_store)
 
 
 def test_corrupted_and_truncated_files_name_the_file(tmp_path):
@@ -282,18 +299,24 @@ def test_compaction_failure_in_memory_is_reported_on_commit():
 
 
 def test_compaction_folds_chain_and_later_commits_build_on_it(fs_store):
-    fs_store.settings = Settings(max_parallelism=M, snapshot_interval=3)
+    fs_store.settings = Settings(max_parallelism=M, snapshot_interval=3, file_grace_period=0)
     for v in range(1, 5):
         fs_store.commit(v, changes({KEYS[v]: b"%d" % v, KEYS[0]: b"%d" % v}))
+    before = fs_store.storage.read_manifest(4)
     fs_store.maintenance(1)
-    assert fs_store.versions() == [4]
-    manifest = Manifest.from_json(fs_store.storage.read_manifest(4), "4")
-    assert [f.kind for f in manifest.files] == ["snapshot"] and manifest.rows == 5
+    assert fs_store.versions() == [3, 4]
+    assert fs_store.storage.read_manifest(4) == before, "compaction never rewrites a manifest"
+    record = CompactionRecord.from_json(fs_store.storage.read_record(4, "_snapshot"), "4")
+    assert record.commit_id == Manifest.from_json(before, "4").commit_id and record.snapshot.rows == 5
     fs_store.commit(5, changes({KEYS[1]: None}))
     manifest = Manifest.from_json(fs_store.storage.read_manifest(5), "5")
     assert [f.kind for f in manifest.files] == ["snapshot", "delta"]
     assert as_dict(fs_store.load(5)) == {KEYS[0]: b"4", KEYS[2]: b"2", KEYS[3]: b"3", KEYS[4]: b"4"}
-    assert len(fs_store.storage.list_files()) == 2
+    fs_store.commit(6, changes({}))
+    fs_store.maintenance(1)
+    assert fs_store.versions() == [5, 6]
+    assert len(fs_store.storage.list_files()) == 3, "the old chain is collected; snapshot + two deltas stay"
+    assert_files_of_kept_versions_exist(fs_store)
 
 
 def test_maintenance_in_background_never_breaks_commits_or_loads(tmp_path):

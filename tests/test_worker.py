@@ -149,3 +149,39 @@ def test_worker_exits_when_its_parent_is_killed(tmp_path):
         time.sleep(0.05)
     os.kill(worker_pid, signal.SIGKILL)
     pytest.fail("worker survived its killed parent")
+
+
+def test_commit_ids_guard_against_stale_views(worker, tmp_path):
+    """The protocol of docs/consistency.md: load tells the commit id, commit checks its base's."""
+    _, stream, _ = worker.connect()
+    base = {"store": {**_store(tmp_path), "queryId": "q-1"}, "options": {"storage": "filesystem"}}
+    first, _ = request(stream, {"op": "commit", "version": 1, "baseCommitId": None, **base},
+                       table_to_ipc(_changes([(b"a", b"1")])))
+    assert first["ok"] and first["commitId"] and first["maintenanceFailures"] == 0
+    same, body = request(stream, {"op": "load", "version": 1, "commitId": first["commitId"], **base})
+    assert same == {"ok": True, "unchanged": True, "commitId": first["commitId"]} and body == b""
+    retried, _ = request(stream, {"op": "commit", "version": 1, "baseCommitId": None, **base},
+                         table_to_ipc(_changes([(b"a", b"2")])))
+    stale, _ = request(stream, {"op": "commit", "version": 2, "baseCommitId": first["commitId"], **base},
+                       table_to_ipc(_changes([(b"bb", b"3")])))
+    assert not stale["ok"] and stale["kind"] == "StaleState", stale
+    fresh, body = request(stream, {"op": "load", "version": 1, "commitId": first["commitId"], **base})
+    assert fresh["commitId"] == retried["commitId"] and ipc_to_table(body)["value"].to_pylist() == [b"2"]
+    ok, _ = request(stream, {"op": "commit", "version": 2, "baseCommitId": retried["commitId"], **base},
+                    table_to_ipc(_changes([(b"bb", b"3")])))
+    assert ok["ok"], ok
+    queued, _ = request(stream, {"op": "maintenance", "version": 2, "minVersionsToRetain": 2, **base})
+    assert queued["ok"] and "maintenanceFailures" in queued
+
+
+def test_an_unauthenticated_peer_cannot_make_the_worker_allocate(worker):
+    """The first frame is read with a small header cap and no body, before the secret is checked."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(worker.dir / "worker.sock"))
+    stream = sock.makefile("rwb")
+    header = b'{"op":"hello","secret":"guess"}'
+    stream.write(len(header).to_bytes(4, "big") + header + (1 << 40).to_bytes(8, "big"))
+    stream.flush()
+    resp, _ = read_frame(stream)
+    assert not resp["ok"] and "larger than 0" in resp["error"]
+    assert worker.proc.poll() is None

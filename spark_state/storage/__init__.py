@@ -13,7 +13,7 @@ from spark_state.storage.memory import MemoryCheckpointStorage, clear_registry
 
 __all__ = [
     "CheckpointStorage", "FileSystemCheckpointStorage", "MemoryCheckpointStorage",
-    "clear_registry", "normalize_url", "resolve_root", "storage_for",
+    "checkpoint_digest", "clear_registry", "normalize_url", "resolve_root", "storage_for",
 ]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(.*)$")
@@ -53,25 +53,38 @@ def normalize_url(url: str) -> str:
     return f"{scheme}:{rest}".rstrip("/") if rest.strip("/") else f"{scheme}:{rest}"
 
 
+def checkpoint_digest(spark_root: str, query_id: str | None) -> str:
+    """The directory name of one checkpoint's stores under a shared root.
+
+    Spark's state directory tells two queries apart; the query id (from
+    ``<checkpointLocation>/metadata``) tells a deleted and re-created checkpoint
+    at the same path from the one before it, so the two timelines never mix.
+    """
+    identity = str(spark_root) if not query_id else f"{spark_root}\0{query_id}"
+    return hashlib.sha1(identity.encode()).hexdigest()[:16]
+
+
+def _under(base_url: str, ref) -> str:
+    base = normalize_url(base_url).rstrip("/")
+    return f"{base}/{checkpoint_digest(ref.spark_root, ref.query_id)}/{ref.operator}/{ref.partition}/{ref.name}"
+
+
 def resolve_root(ref, settings: Settings) -> str:
     """The root URL of one store: Spark's own directory for it, or a private one under checkpoint_root.
 
-    Under a shared checkpoint_root, the sha1 of Spark's state root keeps two
-    queries apart; operator/partition/name keep their stores apart.
+    Spark's own directory goes away with the checkpoint, so it needs no query
+    id; under a shared checkpoint_root, ``checkpoint_digest`` keeps queries and
+    timelines apart and operator/partition/name keep their stores apart. Memory
+    storage keys its in-process registry by the same root, so it gets the query id too.
     """
     if settings.checkpoint_root is None:
-        return normalize_url(ref.location).rstrip("/")
-    digest = hashlib.sha1(str(ref.spark_root).encode()).hexdigest()[:16]
-    base = normalize_url(settings.checkpoint_root).rstrip("/")
-    return f"{base}/{digest}/{ref.operator}/{ref.partition}/{ref.name}"
+        root = normalize_url(ref.location).rstrip("/")
+        return root if settings.storage != "memory" or not ref.query_id else f"{root}#{ref.query_id}"
+    return _under(settings.checkpoint_root, ref)
 
 
 def _metadata_url(ref, settings: Settings) -> str | None:
-    if not settings.memory_metadata_dir:
-        return None
-    digest = hashlib.sha1(str(ref.spark_root).encode()).hexdigest()[:16]
-    base = normalize_url(settings.memory_metadata_dir).rstrip("/")
-    return f"{base}/{digest}/{ref.operator}/{ref.partition}/{ref.name}"
+    return _under(settings.memory_metadata_dir, ref) if settings.memory_metadata_dir else None
 
 
 def storage_for(ref, settings: Settings) -> CheckpointStorage:
@@ -81,4 +94,4 @@ def storage_for(ref, settings: Settings) -> CheckpointStorage:
     root = resolve_root(ref, settings)
     if settings.storage == "memory":
         return MemoryCheckpointStorage(root, settings.memory_max_state_size, _metadata_url(ref, settings))
-    return FileSystemCheckpointStorage(root)
+    return FileSystemCheckpointStorage(root, fsync=settings.fsync)

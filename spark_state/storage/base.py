@@ -7,6 +7,11 @@ only ever calls the methods below, with paths relative to the store's root.
 Layout under the root (Flink's)::
 
     chk-N/_metadata     the manifest of version N; writing it makes N visible
+    chk-N/_snapshot     compaction record of version N (optional): a full
+                        snapshot of N's state, valid while N's manifest
+                        keeps the commit id it names. Compaction never
+                        rewrites a manifest, so what a manifest references
+                        stays referenced for as long as the version is kept.
     shared/vNNNNNNNNNN-<kind>-<random>.arrow
                         data files (snapshots and deltas); later versions'
                         chains reference them, so they are shared. The
@@ -32,6 +37,7 @@ from typing import Iterable, Sequence
 from spark_state.errors import VersionNotFound
 
 MANIFEST_NAME = "_metadata"
+COMPACTION_NAME = "_snapshot"
 SHARED_DIR = "shared"
 _CHK = re.compile(r"^chk-(\d+)$")
 _SHARED = re.compile(r"^shared/v(\d+)-([a-z]+)-([0-9a-f]+)\.arrow$")
@@ -39,6 +45,11 @@ _SHARED = re.compile(r"^shared/v(\d+)-([a-z]+)-([0-9a-f]+)\.arrow$")
 
 def manifest_path(version: int) -> str:
     return f"chk-{version}/{MANIFEST_NAME}"
+
+
+def record_path(version: int, name: str) -> str:
+    """Path of one of version N's records (``_metadata``, ``_snapshot``)."""
+    return f"chk-{version}/{name}"
 
 
 def version_dir_of(name: str) -> int | None:
@@ -104,14 +115,32 @@ class CheckpointStorage(ABC):
         """Writes one complete data file; it is invisible until a manifest names it."""
 
     @abstractmethod
+    def commit_record(self, version: int, name: str, data: bytes) -> None:
+        """Writes chk-N/<name> atomically (all or nothing), replacing a previous one."""
+
     def commit_manifest(self, version: int, data: bytes) -> None:
         """Writes chk-N/_metadata atomically, replacing a previous one: this makes N visible."""
+        self.commit_record(version, MANIFEST_NAME, data)
+
+    def commit_compaction(self, version: int, data: bytes) -> None:
+        self.commit_record(version, COMPACTION_NAME, data)
 
     # ------------------------------------------------------------- reading
 
     @abstractmethod
+    def read_record(self, version: int, name: str) -> bytes | None:
+        """chk-N/<name>, or None when it does not exist."""
+
     def read_manifest(self, version: int) -> bytes:
         """The manifest bytes of version N; VersionNotFound (or StateLost) when N cannot be restored."""
+        data = self.read_record(version, MANIFEST_NAME)
+        if data is None:
+            raise self.version_not_found(version)
+        return data
+
+    def read_version(self, version: int) -> tuple[bytes, bytes | None]:
+        """(manifest, compaction record or None) of version N, read fresh from storage."""
+        return self.read_manifest(version), self.read_record(version, COMPACTION_NAME)
 
     @abstractmethod
     def read_file(self, path: str) -> bytes:
@@ -122,8 +151,12 @@ class CheckpointStorage(ABC):
         """Byte ranges [start, end) of one data file, in one round trip where the backend allows."""
 
     @abstractmethod
+    def list_records(self, name: str) -> dict[int, str]:
+        """Versions that have chk-N/<name> -> an opaque stamp that changes when it is rewritten."""
+
     def list_manifests(self) -> dict[int, str]:
         """Committed versions -> an opaque stamp that changes when the manifest is rewritten."""
+        return self.list_records(MANIFEST_NAME)
 
     def list_versions(self) -> list[int]:
         return sorted(self.list_manifests())

@@ -1,10 +1,19 @@
 """FileSystemCheckpointStorage: a store's files on any fsspec filesystem (file, memory, s3, gcs, …).
 
-Manifests are made visible atomically: on a local filesystem by writing a
-temporary file next to ``_metadata`` and renaming it over (``os.replace``); on
-object stores a single PUT is already all-or-nothing. Files are not fsync'ed:
-a commit survives the worker or executor dying (the page cache does), like
-Spark's own HDFS-backed store on a local disk, but not a kernel crash.
+Records (manifests, compaction records) are replaced atomically, how depends
+on the filesystem:
+
+* object stores (s3, gcs, azure, …): one PUT is already all-or-nothing;
+* a local disk: write a temporary file beside the record, fsync it, rename it
+  over (``os.replace``), fsync the directory;
+* any other filesystem (hdfs, webhdfs, sftp, …): write a temporary file, then
+  ``mv`` it into place; where the filesystem refuses to rename over an
+  existing file (HDFS), the old record is removed first, so a reader sees the
+  old record, briefly none, or the new one, never a torn one.
+
+With ``fsync`` (the default) local data files, records and the directories
+that name them reach the disk before a commit is acknowledged, so a commit
+survives a kernel crash or power loss, not only the worker or executor dying.
 """
 
 from __future__ import annotations
@@ -18,15 +27,23 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from spark_state.errors import StorageError
-from spark_state.storage.base import MANIFEST_NAME, CheckpointStorage, manifest_path, version_dir_of
+from spark_state.storage.base import MANIFEST_NAME, CheckpointStorage, record_path, version_dir_of
 
 log = logging.getLogger(__name__)
+
+#: fsspec protocols whose single PUT replaces an object atomically.
+OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "adl", "oss", "oci", "r2", "memory"})
+
+
+def _protocols(fs) -> set[str]:
+    proto = fs.protocol
+    return {proto} if isinstance(proto, str) else set(proto)
 
 
 class FileSystemCheckpointStorage(CheckpointStorage):
     kind = "filesystem"
 
-    def __init__(self, root: str, **storage_options):
+    def __init__(self, root: str, *, fsync: bool = True, **storage_options):
         super().__init__(root)
         try:
             self.fs, path = fsspec.core.url_to_fs(root, **storage_options)
@@ -37,6 +54,8 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             ) from None
         self._base = path.rstrip("/") or "/"
         self._local = isinstance(self.fs, LocalFileSystem)
+        self._object_store = not self._local and bool(_protocols(self.fs) & OBJECT_STORES)
+        self.fsync = fsync and self._local
         self._made_dirs: set[str] = set()
 
     def _full(self, rel: str) -> str:
@@ -45,7 +64,26 @@ class FileSystemCheckpointStorage(CheckpointStorage):
     def _makedirs(self, directory: str) -> None:
         if directory not in self._made_dirs:
             self.fs.makedirs(directory, exist_ok=True)
+            if self.fsync:
+                _fsync_dir(os.path.dirname(directory))
             self._made_dirs.add(directory)
+
+    def _write_local(self, full: str, data) -> None:
+        """Writes one local file; a directory deleted behind our back is made again once."""
+        directory = os.path.dirname(full)
+        for attempt in (1, 2):
+            self._makedirs(directory)
+            try:
+                with open(full, "wb") as f:
+                    f.write(data)
+                    if self.fsync:
+                        f.flush()
+                        os.fsync(f.fileno())
+                return
+            except FileNotFoundError:
+                self._made_dirs.discard(directory)
+                if attempt == 2:
+                    raise
 
     # ------------------------------------------------------------- writing
 
@@ -56,35 +94,51 @@ class FileSystemCheckpointStorage(CheckpointStorage):
     def write_file(self, path: str, data: bytes) -> None:
         full = self._full(path)
         if self._local:
-            self._makedirs(full.rsplit("/", 1)[0])
-            with open(full, "wb") as f:
-                f.write(data)
+            self._write_local(full, data)
+            if self.fsync:
+                _fsync_dir(os.path.dirname(full))
         else:
             self.fs.pipe_file(full, bytes(data) if not isinstance(data, bytes) else data)
 
-    def commit_manifest(self, version: int, data: bytes) -> None:
-        self.init_version(version)
-        final = self._full(manifest_path(version))
-        if self._local:
-            tmp = f"{final}.tmp-{secrets.token_hex(6)}"
-            try:
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, final)
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
-        else:
+    def commit_record(self, version: int, name: str, data: bytes) -> None:
+        final = self._full(record_path(version, name))
+        if self._object_store:
             self.fs.pipe_file(final, data)
+            return
+        tmp = f"{final}.tmp-{secrets.token_hex(6)}"
+        try:
+            if self._local:
+                self._write_local(tmp, data)
+                os.replace(tmp, final)
+                if self.fsync:
+                    _fsync_dir(os.path.dirname(final))
+            else:
+                self.fs.makedirs(os.path.dirname(final), exist_ok=True)
+                self.fs.pipe_file(tmp, data)
+                self._rename_over(tmp, final)
+        except BaseException:
+            try:
+                self.fs.rm_file(tmp)
+            except (FileNotFoundError, OSError):
+                pass
+            raise
+
+    def _rename_over(self, tmp: str, final: str) -> None:
+        try:
+            self.fs.mv(tmp, final)
+        except (FileExistsError, OSError):
+            if not self.fs.exists(final):
+                raise
+            self.fs.rm_file(final)   # HDFS-like: rename does not replace
+            self.fs.mv(tmp, final)
 
     # ------------------------------------------------------------- reading
 
-    def read_manifest(self, version: int) -> bytes:
+    def read_record(self, version: int, name: str) -> bytes | None:
         try:
-            return self.fs.cat_file(self._full(manifest_path(version)))
+            return self.fs.cat_file(self._full(record_path(version, name)))
         except FileNotFoundError:
-            raise self.version_not_found(version) from None
+            return None
 
     def _missing(self, path: str) -> StorageError:
         return StorageError(
@@ -116,14 +170,14 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         except FileNotFoundError:
             raise self._missing(path) from None
 
-    def list_manifests(self) -> dict[int, str]:
+    def list_records(self, name: str = MANIFEST_NAME) -> dict[int, str]:
         try:
-            found = self.fs.glob(self._full(f"chk-*/{MANIFEST_NAME}"), detail=True)
+            found = self.fs.glob(self._full(f"chk-*/{name}"), detail=True)
         except FileNotFoundError:
             return {}
         out = {}
-        for name, info in found.items():
-            version = version_dir_of(name.rstrip("/").split("/")[-2])
+        for path, info in found.items():
+            version = version_dir_of(path.rstrip("/").split("/")[-2])
             if version is None:
                 continue
             stamp = [info.get("size"), info.get("mtime"), info.get("created"), info.get("ino"),
@@ -144,7 +198,8 @@ class FileSystemCheckpointStorage(CheckpointStorage):
 
     def delete_version(self, version: int) -> None:
         # The manifest first, so a crash mid-way leaves the version invisible rather than half-deleted.
-        for target, recursive in ((self._full(manifest_path(version)), False), (self._full(f"chk-{version}"), True)):
+        for target, recursive in ((self._full(record_path(version, MANIFEST_NAME)), False),
+                                  (self._full(f"chk-{version}"), True)):
             try:
                 self.fs.rm(target, recursive=recursive)
             except FileNotFoundError:
@@ -158,3 +213,15 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             except FileNotFoundError:
                 pass
             log.debug("deleted %s", self._full(path))
+
+
+def _fsync_dir(directory: str) -> None:
+    """Makes a directory's entries (a new or renamed file) durable."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -22,7 +22,7 @@ from typing import Iterable, Sequence
 
 from spark_state.errors import StateLost, StateTooLarge, VersionNotFound
 from spark_state.options import PREFIX
-from spark_state.storage.base import CheckpointStorage, file_version, manifest_path, version_dir_of
+from spark_state.storage.base import MANIFEST_NAME, CheckpointStorage, file_version, manifest_path, record_path, version_dir_of
 from spark_state.storage.filesystem import FileSystemCheckpointStorage
 
 _REGISTRY: dict[str, dict[str, bytes]] = {}
@@ -68,12 +68,15 @@ class MemoryCheckpointStorage(CheckpointStorage):
             )
         self._files[path] = bytes(data)
 
-    def commit_manifest(self, version: int, data: bytes) -> None:
-        if self.metadata is not None:  # durable first: a version visible here is always known there too
-            self.metadata.commit_manifest(version, data)
-        self._files[manifest_path(version)] = bytes(data)
+    def commit_record(self, version: int, name: str, data: bytes) -> None:
+        if self.metadata is not None and name == MANIFEST_NAME:
+            self.metadata.commit_manifest(version, data)   # durable first: visible here => known there
+        self._files[record_path(version, name)] = bytes(data)
 
     # ------------------------------------------------------------- reading
+
+    def read_record(self, version: int, name: str) -> bytes | None:
+        return self._files.get(record_path(version, name))
 
     def read_manifest(self, version: int) -> bytes:
         data = self._files.get(manifest_path(version))
@@ -123,14 +126,14 @@ class MemoryCheckpointStorage(CheckpointStorage):
         view = memoryview(self._data(path))
         return [view[start:end] for start, end in ranges]
 
-    def list_manifests(self) -> dict[int, str]:
+    def list_records(self, name: str = MANIFEST_NAME) -> dict[int, str]:
         out = {}
-        if self.metadata is not None:
+        if self.metadata is not None and name == MANIFEST_NAME:
             out.update({v: "durable:" + s for v, s in self.metadata.list_manifests().items()})
         for path, data in list(self._files.items()):
             head, _, tail = path.partition("/")
             version = version_dir_of(head)
-            if version is not None and tail == "_metadata":
+            if version is not None and tail == name:
                 out[version] = f"mem:{len(data)}:{zlib.crc32(data):08x}"
         return out
 
@@ -141,7 +144,10 @@ class MemoryCheckpointStorage(CheckpointStorage):
     # ------------------------------------------------------------- deleting
 
     def delete_version(self, version: int) -> None:
-        self._files.pop(manifest_path(version), None)
+        files = self._files
+        files.pop(manifest_path(version), None)
+        for path in [p for p in list(files) if p.startswith(f"chk-{version}/")]:
+            files.pop(path, None)
         if self.metadata is not None:
             self.metadata.delete_version(version)
 

@@ -58,11 +58,16 @@ def main(argv: list[str] | None = None) -> int:
     if not secret:
         print("spark_state worker: expected the secret on the first line of stdin", file=sys.stderr)
         return 2
-    os.umask(0o077)
     sock_path = os.path.join(args.socket_dir, "worker.sock")
     if os.path.exists(sock_path):
         os.unlink(sock_path)
-    server = WorkerServer(sock_path, Dispatcher(secret))
+    # Only the socket is private (it is born 0600 inside a 0700 directory); state files keep the
+    # process's normal umask so Spark's own readers, running as other users, can read the checkpoint.
+    previous = os.umask(0o077)
+    try:
+        server = WorkerServer(sock_path, Dispatcher(secret))
+    finally:
+        os.umask(previous)
     os.chmod(sock_path, 0o600)
     _exit_when_parent_gone(sock_path)
     print(f"READY {os.getpid()}", flush=True)

@@ -15,6 +15,8 @@ from spark_state.errors import ProtocolError
 
 PROTOCOL_VERSION = 1
 MAX_HEADER = 16 * 1024 * 1024
+#: Before a connection has authenticated, frames are this small and carry no body.
+HELLO_MAX_HEADER = 64 * 1024
 
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
@@ -27,16 +29,21 @@ def _read_exact(stream: BinaryIO, n: int) -> bytes:
     return data
 
 
-def read_frame(stream: BinaryIO) -> tuple[dict, bytes] | None:
-    """Reads one frame; None when the peer closed the connection between frames."""
+def read_frame(stream: BinaryIO, *, max_header: int = MAX_HEADER,
+               max_body: int | None = None) -> tuple[dict, bytes] | None:
+    """Reads one frame; None when the peer closed the connection between frames.
+
+    ``max_body`` bounds the body (None: unbounded); an oversized frame is refused
+    before its body is read, so an unauthenticated peer cannot make the worker allocate.
+    """
     first = stream.read(_U32.size)
     if not first:
         return None
     if len(first) != _U32.size:
         raise EOFError("connection closed inside a frame header")
     (header_len,) = _U32.unpack(first)
-    if header_len > MAX_HEADER:
-        raise ProtocolError(f"frame header of {header_len} bytes is larger than {MAX_HEADER}")
+    if header_len > max_header:
+        raise ProtocolError(f"frame header of {header_len} bytes is larger than {max_header}")
     try:
         header = json.loads(_read_exact(stream, header_len))
     except ValueError as err:
@@ -44,6 +51,8 @@ def read_frame(stream: BinaryIO) -> tuple[dict, bytes] | None:
     if not isinstance(header, dict):
         raise ProtocolError("frame header must be a JSON object")
     (body_len,) = _U64.unpack(_read_exact(stream, _U64.size))
+    if max_body is not None and body_len > max_body:
+        raise ProtocolError(f"frame body of {body_len} bytes is larger than {max_body} allowed here")
     body = _read_exact(stream, body_len) if body_len else b""
     return header, body
 
@@ -59,10 +68,17 @@ def write_frame(stream: BinaryIO, header: dict, body: bytes | memoryview | pa.Bu
 
 
 def table_to_ipc(table: pa.Table) -> pa.Buffer:
-    """One Arrow IPC stream holding ``table`` (no compression: the peer is on the same host)."""
+    """One Arrow IPC stream of ``table`` as CHANGES_SCHEMA batches (no compression: the peer is on the same host)."""
+    from spark_state.snapshot import CHANGES_SCHEMA, binary_batches
+
+    if table.schema != CHANGES_SCHEMA and table.schema.names == CHANGES_SCHEMA.names:
+        batches, schema = binary_batches(table), CHANGES_SCHEMA   # wide offsets: the JVM reads 32-bit ones
+    else:
+        batches, schema = table.to_batches(), table.schema
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
+    with pa.ipc.new_stream(sink, schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
     return sink.getvalue()
 
 

@@ -22,7 +22,7 @@ import spark_state
 from spark_state.errors import ProtocolError, SparkStateError
 from spark_state.options import Settings
 from spark_state.worker.protocol import (
-    PROTOCOL_VERSION, ipc_to_table, read_frame, table_to_ipc, write_frame,
+    HELLO_MAX_HEADER, PROTOCOL_VERSION, ipc_to_table, read_frame, table_to_ipc, write_frame,
 )
 
 log = logging.getLogger("spark_state.worker")
@@ -43,18 +43,23 @@ def settings_of(header: dict) -> Settings:
 
 
 def store_ref_of(header: dict):
+    """The StoreRef a request names; without a query id (readers) the checkpoint's metadata supplies it."""
+    from spark_state.identity import query_id_of
     from spark_state.state import StoreRef
 
     store = header.get("store")
     if not isinstance(store, dict):
         raise ProtocolError(f"request {header.get('op')!r} needs a 'store' object")
     try:
+        spark_root = str(store["sparkRoot"])
+        query_id = store.get("queryId") or query_id_of(spark_root)
         return StoreRef(
-            spark_root=str(store["sparkRoot"]),
+            spark_root=spark_root,
             location=str(store["location"]),
             operator=int(store["operator"]),
             partition=int(store["partition"]),
             name=str(store.get("name") or "default"),
+            query_id=str(query_id) if query_id else None,
         )
     except (KeyError, TypeError, ValueError) as err:
         raise ProtocolError(f"malformed 'store' in request: {err!r}") from None
@@ -65,6 +70,15 @@ def _int_field(header: dict, name: str) -> int:
         return int(header[name])
     except (KeyError, TypeError, ValueError):
         raise ProtocolError(f"request {header.get('op')!r} needs an integer {name!r}") from None
+
+
+def _optional_int(header: dict, name: str) -> int | None:
+    return None if header.get(name) is None else _int_field(header, name)
+
+
+def _maintenance_status(store) -> dict:
+    """What a shim reports as a metric and a warning: consecutive failed maintenance runs and the last error."""
+    return {"maintenanceFailures": store.maintenance_failures, "maintenanceError": store.maintenance_error}
 
 
 class Dispatcher:
@@ -109,7 +123,7 @@ class Dispatcher:
         return open_store(store_ref_of(header), settings_of(header))
 
     def op_commit(self, header, body):
-        from spark_state.state import CHANGES_SCHEMA
+        from spark_state.state import CHANGES_SCHEMA, UNCHECKED
 
         version = _int_field(header, "version")
         changes = ipc_to_table(body) if body else CHANGES_SCHEMA.empty_table()
@@ -118,15 +132,23 @@ class Dispatcher:
                 changes = changes.select(CHANGES_SCHEMA.names).cast(CHANGES_SCHEMA)
             except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
                 raise ProtocolError(f"commit body has schema {changes.schema}, expected {CHANGES_SCHEMA}: {err}") from None
+        base = header["baseCommitId"] if "baseCommitId" in header else UNCHECKED
         started = time.perf_counter()
-        result = self._store(header).commit(version, changes)
-        return {"ok": True, "bytes": result.bytes_written, "files": result.files,
-                "ms": round((time.perf_counter() - started) * 1000, 3)}, b""
+        store = self._store(header)
+        result = store.commit(version, changes, base_commit_id=base,
+                              min_versions_to_retain=_optional_int(header, "minVersionsToRetain"))
+        return {"ok": True, "bytes": result.bytes_written, "files": result.files, "commitId": result.commit_id,
+                "ms": round((time.perf_counter() - started) * 1000, 3), **_maintenance_status(store)}, b""
 
     def op_load(self, header, body):
+        """A version's rows and commit id; only the id when the shim still holds that very commit."""
         version = _int_field(header, "version")
-        table = self._store(header).load(version, ordered=False)
-        return {"ok": True, "rows": table.num_rows}, table_to_ipc(table)
+        known = header.get("commitId")
+        loaded = self._store(header).load_checked(version, str(known) if known else None, ordered=False)
+        if loaded.table is None:
+            return {"ok": True, "unchanged": True, "commitId": loaded.commit_id}, b""
+        return ({"ok": True, "rows": loaded.table.num_rows, "commitId": loaded.commit_id},
+                table_to_ipc(loaded.table))
 
     def op_latest(self, header, body):
         return {"ok": True, "version": self._store(header).latest_version()}, b""
@@ -137,20 +159,21 @@ class Dispatcher:
 
     def op_maintenance(self, header, body):
         keep = _int_field(header, "minVersionsToRetain")
+        version = _optional_int(header, "version")
         store = self._store(header)
-        key = (id(store), keep)
+        key = id(store)
         with self._pending_lock:
             if key in self._pending:  # one queued run per store is enough
-                return {"ok": True, "queued": False}, b""
+                return {"ok": True, "queued": False, **_maintenance_status(store)}, b""
             self._pending.add(key)
-        self._background.submit(self._maintain, store, keep, key)
-        return {"ok": True, "queued": True}, b""
+        self._background.submit(self._maintain, store, keep, version, key)
+        return {"ok": True, "queued": True, **_maintenance_status(store)}, b""
 
-    def _maintain(self, store, keep, key):
+    def _maintain(self, store, keep, version, key):
         with self._pending_lock:
             self._pending.discard(key)
         try:
-            store.maintenance(keep)
+            store.maintenance(keep, version)
         except Exception:  # background work must not take the worker down
             log.exception("maintenance of %s failed; it will be retried on the next request", store)
 
@@ -175,7 +198,11 @@ class _Connection(socketserver.StreamRequestHandler):
     def handle(self):
         dispatcher: Dispatcher = self.server.dispatcher
         try:
-            first = read_frame(self.rfile)
+            try:
+                first = read_frame(self.rfile, max_header=HELLO_MAX_HEADER, max_body=0)   # nothing big before auth
+            except ProtocolError as err:
+                write_frame(self.wfile, {"ok": False, "kind": "ProtocolError", "error": f"authentication failed: {err}"})
+                return
             if first is None:
                 return
             if not dispatcher.authenticate(first[0]):

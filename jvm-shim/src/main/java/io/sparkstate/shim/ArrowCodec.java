@@ -1,9 +1,11 @@
 package io.sparkstate.shim;
 
-import java.io.ByteArrayOutputStream;
 import java.io.IOException;
 import java.io.InputStream;
+import java.io.OutputStream;
+import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.List;
 import java.util.Map;
 
 import org.apache.arrow.memory.BufferAllocator;
@@ -34,14 +36,60 @@ final class ArrowCodec {
 
   private ArrowCodec() {}
 
-  /** An encoded request body, sent straight from the encoder's buffer (no extra copy). */
-  static final class Body extends ByteArrayOutputStream {
-    Body(int size) {
-      super(size);
+  /**
+   * An encoded request body in segments of at most {@link #SEGMENT} bytes, sent straight from them
+   * (no extra copy): a partition's changes may exceed the 2 GiB of one Java array.
+   */
+  static final class Body extends OutputStream {
+    static final int SEGMENT = 64 << 20;
+    private final List<byte[]> full = new ArrayList<>();
+    private byte[] current;
+    private int used;
+    private long size;
+
+    Body(int initial) {
+      current = new byte[Math.max(16, Math.min(initial, SEGMENT))];
     }
 
-    byte[] array() {
-      return buf;
+    @Override
+    public void write(int b) {
+      write(new byte[] {(byte) b}, 0, 1);
+    }
+
+    @Override
+    public void write(byte[] b, int off, int len) {
+      while (len > 0) {
+        if (used == current.length) {
+          grow();
+        }
+        int n = Math.min(len, current.length - used);
+        System.arraycopy(b, off, current, used, n);
+        used += n;
+        off += n;
+        len -= n;
+        size += n;
+      }
+    }
+
+    private void grow() {
+      if (current.length < SEGMENT) {
+        current = Arrays.copyOf(current, (int) Math.min((long) current.length * 2, SEGMENT));
+      } else {
+        full.add(current);
+        current = new byte[SEGMENT];
+        used = 0;
+      }
+    }
+
+    long size() {
+      return size;
+    }
+
+    void writeTo(OutputStream out) throws IOException {
+      for (byte[] segment : full) {
+        out.write(segment);
+      }
+      out.write(current, 0, used);
     }
   }
 

@@ -14,6 +14,7 @@ import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.locks.ReentrantReadWriteLock;
 
 import org.apache.hadoop.conf.Configuration;
+import org.apache.spark.TaskContext;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.execution.streaming.state.KeyStateEncoderSpec;
 import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpec;
@@ -53,6 +54,10 @@ public class SparkStateProvider implements StateStoreProvider {
       "sparkStateBytesWritten", "spark_state: bytes written to checkpoint storage by commits");
   static final StateStoreCustomMetric METRIC_WORKER_RESTARTS = new StateStoreCustomSumMetric(
       "sparkStateWorkerRestarts", "spark_state: state worker restarts seen during the batch");
+  static final StateStoreCustomMetric METRIC_MAINTENANCE_FAILURES = new StateStoreCustomSumMetric(
+      MaintenanceWarnings.METRIC, "spark_state: consecutive failed background maintenance runs of the stores");
+  /** Spark's local property with the running query's id (StreamExecution sets it on every task). */
+  static final String QUERY_ID_PROPERTY = "sql.streaming.queryId";
 
   /** Option sets already validated by the worker in this JVM (validate once per distinct set). */
   private static final Set<Map<String, String>> VALIDATED = ConcurrentHashMap.newKeySet();
@@ -69,7 +74,8 @@ public class SparkStateProvider implements StateStoreProvider {
   private Configuration hadoopConf;
   private Map<String, String> options = Collections.emptyMap();
   private KeyHasher hasher;
-  private ObjectNode storeNode;
+  /** The store's identity as requests send it; replaced whole (never mutated) so readers need no lock. */
+  private volatile ObjectNode storeNode;
 
   /**
    * The version this provider holds, or null before the first load and after an abort (an aborted
@@ -82,6 +88,11 @@ public class SparkStateProvider implements StateStoreProvider {
   private SparkStateStore open;
   /** Time spent loading {@link #live} not yet reported by a store's metrics. Guarded by {@code this}. */
   private long unreportedLoadMs;
+  /** The version this provider last loaded or committed (-1: none); maintenance retains around it. */
+  private volatile long heldVersion = -1;
+  /** Consecutive failed maintenance runs of this store as the worker last reported them, and the error. */
+  private volatile long maintenanceFailures;
+  private volatile String maintenanceError;
 
   public SparkStateProvider() {
     StateStoreProvider.$init$(this);
@@ -232,7 +243,8 @@ public class SparkStateProvider implements StateStoreProvider {
       open = null;
     }
     long restarts = WorkerClient.threadRestarts();
-    if (live == null || live.version != version) {
+    noteQueryId();
+    if (live == null || live.version != version || !confirmed(live)) {
       loadLive(version);
     }
     open = new SparkStateStore(this, live, version, unreportedLoadMs, restarts, lastChanges);
@@ -249,25 +261,53 @@ public class SparkStateProvider implements StateStoreProvider {
       throw new UnsupportedOperationException("spark_state: " + this + " does not support state store "
           + "checkpoint ids (checkpointFormatVersion > 1)");
     }
+    noteQueryId();
     if (open == null) {
-      if (live == null || live.version != version) {
+      if (live == null || live.version != version || !confirmed(live)) {
         loadLive(version);
       }
       return new SparkStateReadStore(this, live, version);
     }
     // A write store is open: read a private copy so it cannot see uncommitted changes.
-    return new SparkStateReadStore(this, loadMap(version), version);
+    return new SparkStateReadStore(this, loadMap(version, null), version);
   }
 
   private void loadLive(long version) {
     long t0 = System.nanoTime();
     live = null;
-    live = loadMap(version);
+    live = loadMap(version, null);
+    heldVersion = version;
     unreportedLoadMs += (System.nanoTime() - t0) / 1_000_000L;
   }
 
-  /** Loads {@code version} from the worker into a new map (version 0 is empty without asking). */
-  private StateMap loadMap(long version) {
+  /**
+   * Whether storage still holds the very commit {@code map} was built from. Another attempt of a task
+   * (a retry on another executor, a speculative copy) may have re-committed that version since: then
+   * this map is stale and must be reloaded, or the next commit would build on state nobody has.
+   */
+  private boolean confirmed(StateMap map) {
+    if (map.version == 0 || map.commitId == null) {
+      return map.version == 0;
+    }
+    return loadMap(map.version, map.commitId) == null;
+  }
+
+  /** The running query's id, from the task's local properties: the store's identity includes it. */
+  private void noteQueryId() {
+    TaskContext ctx = TaskContext.get();
+    String queryId = ctx == null ? null : ctx.getLocalProperty(QUERY_ID_PROPERTY);
+    if (queryId != null && !queryId.equals(storeNode.path("queryId").asText(null))) {
+      ObjectNode node = storeNode.deepCopy();
+      node.put("queryId", queryId);
+      storeNode = node;
+    }
+  }
+
+  /**
+   * Loads {@code version} from the worker into a new map (version 0 is empty without asking). With
+   * {@code knownCommitId}, returns null instead when storage still holds that commit.
+   */
+  private StateMap loadMap(long version, String knownCommitId) {
     if (version == 0) {
       return newMap(0, 0);
     }
@@ -275,14 +315,23 @@ public class SparkStateProvider implements StateStoreProvider {
     int valueFields = valueSchema.fields().length;
     ObjectNode h = request("load");
     h.put("version", version);
+    if (knownCommitId != null) {
+      h.put("commitId", knownCommitId);
+    }
     long t0 = System.nanoTime();
     StateMap map = WorkerClient.get().call(h, null, options, (JsonNode reply, java.io.InputStream body) -> {
+      if (reply.path("unchanged").asBoolean(false)) {
+        return null;
+      }
       StateMap m = newMap(version, reply.path("rows").asLong(0));
+      m.commitId = reply.path("commitId").asText(null);
       ArrowCodec.decodeState(body, keyFields, valueFields, m::put);
       return m;
     });
-    LOG.info("spark_state: loaded version {} of {} ({} keys) in {} ms", version, stateStoreId, map.size(),
-        (System.nanoTime() - t0) / 1_000_000L);
+    if (map != null) {
+      LOG.info("spark_state: loaded version {} of {} ({} keys) in {} ms", version, stateStoreId, map.size(),
+          (System.nanoTime() - t0) / 1_000_000L);
+    }
     return map;
   }
 
@@ -291,8 +340,11 @@ public class SparkStateProvider implements StateStoreProvider {
         expectedRows);
   }
 
-  /** Ships a change log as version {@code newVersion}; returns the bytes the worker wrote. */
-  long commitChanges(long newVersion, Map<UnsafeRow, UnsafeRow> changes) {
+  /**
+   * Ships a change log as version {@code newVersion}, built on the commit {@code map} holds (the
+   * worker refuses it if storage holds another); returns the reply (bytes written, the new commit id).
+   */
+  JsonNode commitChanges(StateMap map, long newVersion, Map<UnsafeRow, UnsafeRow> changes) {
     ArrowCodec.Body body;
     try {
       body = ArrowCodec.encodeChanges(changes, hasher);
@@ -301,20 +353,39 @@ public class SparkStateProvider implements StateStoreProvider {
     }
     ObjectNode h = request("commit");
     h.put("version", newVersion);
+    h.put("baseCommitId", map.commitId);
+    h.put("minVersionsToRetain", storeConf.minVersionsToRetain());
     JsonNode reply = WorkerClient.get().call(h, body, options);
     if (storeConf.commitValidationEnabled()) {
       StateStore.reportCommitToCoordinator(newVersion, stateStoreId, hadoopConf);
     }
-    JsonNode bytes = reply.get("bytes");
-    return bytes != null && bytes.canConvertToLong() ? bytes.asLong() : body.size();
+    noteMaintenance(reply);
+    return reply;
   }
 
-  synchronized void committed(SparkStateStore store, long newVersion, long changes) {
+  synchronized void committed(SparkStateStore store, long newVersion, String commitId, long changes) {
     store.map().version = newVersion;
+    store.map().commitId = commitId;
+    heldVersion = newVersion;
     lastChanges = changes;
     if (open == store) {
       open = null;
     }
+  }
+
+  /** Records the worker's maintenance status of this store; a new failure is logged once. */
+  private void noteMaintenance(JsonNode reply) {
+    long failures = reply.path("maintenanceFailures").asLong(0);
+    String error = reply.path("maintenanceError").asText(null);
+    if (failures > 0 && error != null && !error.equals(maintenanceError)) {
+      LOG.warn("spark_state: maintenance of {} failed ({} run(s) in a row): {}", stateStoreId, failures, error);
+    }
+    maintenanceFailures = failures;
+    maintenanceError = failures > 0 ? error : null;
+  }
+
+  long maintenanceFailures() {
+    return maintenanceFailures;
   }
 
   /** The store's map holds uncommitted changes: drop it, the next store reloads its version. */
@@ -354,13 +425,15 @@ public class SparkStateProvider implements StateStoreProvider {
 
   @Override
   public void doMaintenance() {
-    if (storeNode == null) {
-      return;
+    long version = heldVersion;
+    if (storeNode == null || version < 1) {
+      return;   // nothing loaded or committed here: nothing to retain around
     }
     try {
       ObjectNode h = request("maintenance");
       h.put("minVersionsToRetain", storeConf.minVersionsToRetain());
-      WorkerClient.get().call(h, null, options);
+      h.put("version", version);
+      noteMaintenance(WorkerClient.get().call(h, null, options));
     } catch (RuntimeException e) {
       LOG.warn("spark_state: maintenance of {} failed: {}", stateStoreId, e.toString());
     }
@@ -388,7 +461,8 @@ public class SparkStateProvider implements StateStoreProvider {
   @Override
   public scala.collection.immutable.Seq<StateStoreCustomMetric> supportedCustomMetrics() {
     return CollectionConverters.asScala(Arrays.asList(
-        METRIC_COMMIT_TIME, METRIC_LOAD_TIME, METRIC_BYTES_WRITTEN, METRIC_WORKER_RESTARTS)).toList();
+        METRIC_COMMIT_TIME, METRIC_LOAD_TIME, METRIC_BYTES_WRITTEN, METRIC_WORKER_RESTARTS,
+        METRIC_MAINTENANCE_FAILURES)).toList();
   }
 
   // ------------------------------------------------------------------ errors

@@ -118,10 +118,10 @@ final class SparkStateStore implements StateStore {
     long newVersion = version + 1;
     long t0 = System.nanoTime();
     commitSent = true;
-    long written = provider.commitChanges(newVersion, changes);
+    com.fasterxml.jackson.databind.JsonNode reply = provider.commitChanges(map, newVersion, changes);
     commitTimeMs = (System.nanoTime() - t0) / 1_000_000L;
-    bytesWritten = written;
-    provider.committed(this, newVersion, changes.size());
+    bytesWritten = reply.path("bytes").asLong(0);
+    provider.committed(this, newVersion, reply.path("commitId").asText(null), changes.size());
     state = State.COMMITTED;
     changes.clear();
     return newVersion;
@@ -166,6 +166,7 @@ final class SparkStateStore implements StateStore {
     custom.put(SparkStateProvider.METRIC_LOAD_TIME, loadTimeMs);
     custom.put(SparkStateProvider.METRIC_BYTES_WRITTEN, bytesWritten);
     custom.put(SparkStateProvider.METRIC_WORKER_RESTARTS, WorkerClient.threadRestarts() - restartsAtStart);
+    custom.put(SparkStateProvider.METRIC_MAINTENANCE_FAILURES, provider.maintenanceFailures());
     return new StateStoreMetrics(map.size(), map.bytes(), immutableMap(custom), immutableMap(Collections.emptyMap()));
   }
 

@@ -22,6 +22,8 @@ final class StateMap {
   private final PrefixIndex prefix;
   private long bytes;
   long version;
+  /** Identity of the committed version this map holds (null for version 0): see docs/consistency.md. */
+  String commitId;
 
   /** {@code expectedRows}: how many keys the map will hold (sizes the table once, no rehashing). */
   StateMap(long version, PrefixIndex prefix, long expectedRows) {

@@ -224,7 +224,10 @@ final class WorkerClient {
     }
   }
 
-  /** A connection to {@code w} failed: if the process is gone, forget it so the next call starts a new one. */
+  /**
+   * A connection to {@code w} failed: if the process is gone, or alive but unreachable because its
+   * socket file was deleted (a /tmp cleaner), forget it so the next call starts a new one.
+   */
   private void onConnectionFailure(Worker w) {
     boolean exited;
     try {
@@ -233,10 +236,16 @@ final class WorkerClient {
       Thread.currentThread().interrupt();
       exited = !w.process.isAlive();
     }
+    boolean orphaned = !exited && !Files.exists(w.socket);
     synchronized (this) {
-      if (worker == w && exited) {
-        LOG.warn("spark_state: the state worker (pid {}) died with exit code {}; a new one will be started. "
-            + "Last lines of its log:\n{}", w.pid, w.process.exitValue(), w.logTail());
+      if (worker == w && (exited || orphaned)) {
+        if (orphaned) {
+          LOG.warn("spark_state: the state worker (pid {}) is alive but its socket {} is gone (deleted by a "
+              + "temp-file cleaner?); replacing it", w.pid, w.socket);
+        } else {
+          LOG.warn("spark_state: the state worker (pid {}) died with exit code {}; a new one will be started. "
+              + "Last lines of its log:\n{}", w.pid, w.process.exitValue(), w.logTail());
+        }
         w.kill();
         deleteTree(w.dir.toFile());
         worker = null;
@@ -530,10 +539,10 @@ final class WorkerClient {
       byte[] h = JSON.writeValueAsBytes(header);
       out.writeInt(h.length);
       out.write(h);
-      int n = body == null ? 0 : body.size();
+      long n = body == null ? 0 : body.size();
       out.writeLong(n);
       if (n > 0) {
-        out.write(body.array(), 0, n);
+        body.writeTo(out);
       }
       out.flush();
     }
