@@ -176,6 +176,13 @@ final class WorkerClient {
       if (shutDown) {
         throw new IllegalStateException("spark_state: the JVM is shutting down; no state worker");
       }
+      if (worker != null && worker.process.isAlive() && !Files.exists(worker.socket)) {
+        // Open connections outlive a deleted socket file, but no new one can reach this worker: replace it
+        // now rather than when some later task needs a second connection.
+        LOG.warn("spark_state: the state worker (pid {}) is alive but its socket {} is gone (deleted by a "
+            + "temp-file cleaner?); replacing it", worker.pid, worker.socket);
+        retire(worker);
+      }
       while (!idle.isEmpty()) {
         Connection c = idle.pollLast();
         if (c.worker == worker && worker != null && worker.process.isAlive()) {
@@ -246,16 +253,21 @@ final class WorkerClient {
           LOG.warn("spark_state: the state worker (pid {}) died with exit code {}; a new one will be started. "
               + "Last lines of its log:\n{}", w.pid, w.process.exitValue(), w.logTail());
         }
-        w.kill();
-        deleteTree(w.dir.toFile());
-        worker = null;
-        countRestart();
-        for (Connection c : idle) {
-          c.close();
-        }
-        idle.clear();
+        retire(w);
       }
     }
+  }
+
+  /** Stops the current worker {@code w} and forgets it and its idle connections; the next call starts anew. */
+  private synchronized void retire(Worker w) {
+    w.kill();
+    deleteTree(w.dir.toFile());
+    worker = null;
+    countRestart();
+    for (Connection c : idle) {
+      c.close();
+    }
+    idle.clear();
   }
 
   private void shutdown() {
