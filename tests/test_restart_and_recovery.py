@@ -272,3 +272,23 @@ def test_failing_maintenance_shows_in_query_progress(spark, tested, tmp_path):
         assert query.exception() is None, "a maintenance failure must not fail the query"
     finally:
         query.stop()
+
+
+def test_changes_spanning_many_body_segments_commit_and_restore(spark, tested, make_twin, tmp_path):
+    """A partition's change log goes to the worker in segments (2 GiB would not fit one Java array); with
+    64-byte segments every commit of this query crosses many segment boundaries, and state stays exact."""
+    if tested != "spark_state":
+        pytest.skip("needs spark_state")
+    system = spark._jvm.java.lang.System
+    system.setProperty("spark_state.bodySegmentBytes", "64")
+    try:
+        events = JsonStream(tmp_path / "events", SCHEMA)
+        twin = make_twin(build_query(events, "NoTimeout", "update"), mode="update",
+                         options={"storage": "filesystem"})
+        _add(events, PHASES[0])
+        twin.run()
+        _add(events, PHASES[1])
+        twin.run()
+        twin.assert_same()
+    finally:
+        system.clearProperty("spark_state.bodySegmentBytes")

@@ -26,6 +26,8 @@ import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
  */
 final class ArrowCodec {
   static final int BATCH_ROWS = 16384;
+  /** A batch's key and value bytes stay well under the 2 GiB its 32-bit binary offsets can address. */
+  static final long BATCH_BYTES = 256L << 20;
   private static final BufferAllocator ROOT = new RootAllocator(Long.MAX_VALUE);
 
   static final Schema SCHEMA = new Schema(Arrays.asList(
@@ -37,18 +39,19 @@ final class ArrowCodec {
   private ArrowCodec() {}
 
   /**
-   * An encoded request body in segments of at most {@link #SEGMENT} bytes, sent straight from them
-   * (no extra copy): a partition's changes may exceed the 2 GiB of one Java array.
+   * An encoded request body in segments of at most 64 MiB, sent straight from them (no extra copy):
+   * a partition's changes may exceed the 2 GiB of one Java array. The system property
+   * {@code spark_state.bodySegmentBytes} makes segments smaller (tests cross many segments with little data).
    */
   static final class Body extends OutputStream {
-    static final int SEGMENT = 64 << 20;
+    private final int SEGMENT = Math.max(16, Integer.getInteger("spark_state.bodySegmentBytes", 64 << 20));
     private final List<byte[]> full = new ArrayList<>();
     private byte[] current;
     private int used;
     private long size;
 
     Body(int initial) {
-      current = new byte[Math.max(16, Math.min(initial, SEGMENT))];
+      current = new byte[Math.min(Math.max(16, initial), SEGMENT)];
     }
 
     @Override
@@ -105,6 +108,7 @@ final class ArrowCodec {
       VarBinaryVector value = (VarBinaryVector) root.getVector("value");
       writer.start();
       int n = 0;
+      long batchBytes = 0;
       root.allocateNew();
       for (Map.Entry<UnsafeRow, UnsafeRow> e : changes.entrySet()) {
         UnsafeRow k = e.getKey();
@@ -119,11 +123,13 @@ final class ArrowCodec {
           value.setSafe(n, v.getBytes());
         }
         n++;
-        if (n == BATCH_ROWS) {
+        batchBytes += k.getSizeInBytes() + (v == null ? 0 : v.getSizeInBytes());
+        if (n == BATCH_ROWS || batchBytes >= BATCH_BYTES) {
           root.setRowCount(n);
           writer.writeBatch();
           root.allocateNew();
           n = 0;
+          batchBytes = 0;
         }
       }
       if (n > 0) {
