@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,40 +13,8 @@ import pyarrow as pa
 import pytest
 
 from spark_state.state import CHANGES_SCHEMA
-from spark_state.worker.protocol import ipc_to_table, read_frame, table_to_ipc, write_frame
-
-SECRET = "s3cr3t-for-this-test"
-
-
-class Worker:
-    """Starts ``python -m spark_state.worker`` the way the shim does (secret on stdin, READY line)."""
-
-    def __init__(self, tmp_path: Path):
-        self.dir = tmp_path / "sock"
-        self.dir.mkdir(mode=0o700)
-        self.log = open(tmp_path / "worker.log", "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "spark_state.worker", "--socket-dir", str(self.dir)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-        )
-        self.proc.stdin.write(SECRET.encode() + b"\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline().decode()
-        assert line.startswith("READY "), line
-        self.pid = int(line.split()[1])
-
-    def connect(self, secret: str = SECRET):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(str(self.dir / "worker.sock"))
-        stream = sock.makefile("rwb")
-        write_frame(stream, {"op": "hello", "secret": secret, "protocol": 1})
-        return sock, stream, read_frame(stream)
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self.log.close()
+from spark_state.worker.protocol import ipc_to_table, table_to_ipc
+from tests.worker_client import Worker
 
 
 @pytest.fixture
@@ -72,45 +39,40 @@ def _changes(rows: list[tuple[bytes, bytes | None]]) -> pa.Table:
     }, schema=CHANGES_SCHEMA)
 
 
-def request(stream, header: dict, body: bytes = b""):
-    write_frame(stream, header, body)
-    return read_frame(stream)
-
-
 def test_commit_then_load_round_trips_through_the_socket(worker, tmp_path):
-    _, stream, (hello, _) = worker.connect()
-    assert hello["ok"] and hello["pid"] == worker.pid
+    conn = worker.connect()
+    assert conn.hello["ok"] and conn.hello["pid"] == worker.pid
     base = {"store": _store(tmp_path), "options": {"storage": "filesystem"}}
-    resp, _ = request(stream, {"op": "commit", "version": 1, **base},
+    resp, _ = conn.request({"op": "commit", "version": 1, **base},
                       table_to_ipc(_changes([(b"a", b"1"), (b"bb", b"2")])))
     assert resp["ok"], resp
-    resp, _ = request(stream, {"op": "commit", "version": 2, **base},
+    resp, _ = conn.request({"op": "commit", "version": 2, **base},
                       table_to_ipc(_changes([(b"a", None), (b"ccc", b"3")])))
     assert resp["ok"], resp
-    resp, body = request(stream, {"op": "load", "version": 2, **base})
+    resp, body = conn.request({"op": "load", "version": 2, **base})
     assert resp["ok"] and resp["rows"] == 2
     loaded = ipc_to_table(body)
     assert sorted(zip(loaded["key"].to_pylist(), loaded["value"].to_pylist())) == [(b"bb", b"2"), (b"ccc", b"3")]
-    resp, _ = request(stream, {"op": "latest", **base})
+    resp, _ = conn.request({"op": "latest", **base})
     assert resp["version"] == 2
     assert list((tmp_path / "ckpt" / "state" / "0" / "1").iterdir()), "files must be under Spark's store directory"
 
 
 def test_missing_version_and_bad_option_are_clear_errors(worker, tmp_path):
-    _, stream, _ = worker.connect()
-    resp, _ = request(stream, {"op": "load", "version": 5, "store": _store(tmp_path), "options": {}})
+    conn = worker.connect()
+    resp, _ = conn.request({"op": "load", "version": 5, "store": _store(tmp_path), "options": {}})
     assert not resp["ok"] and resp["kind"] == "VersionNotFound"
-    resp, _ = request(stream, {"op": "validate", "options": {"storage": "tape"}})
+    resp, _ = conn.request({"op": "validate", "options": {"storage": "tape"}})
     assert not resp["ok"] and resp["kind"] == "OptionError"
     assert "filesystem" in resp["error"] and "memory" in resp["error"]
-    resp, _ = request(stream, {"op": "frobnicate"})
+    resp, _ = conn.request({"op": "frobnicate"})
     assert not resp["ok"] and resp["kind"] == "ProtocolError"
 
 
 def test_wrong_secret_is_refused(worker):
-    sock, stream, (resp, _) = worker.connect(secret="guess")
-    assert not resp["ok"] and "authentication" in resp["error"]
-    assert stream.read(1) == b"", "the worker must close the connection"
+    conn = worker.connect(secret="guess")
+    assert not conn.hello["ok"] and "authentication" in conn.hello["error"]
+    assert conn.stream.read(1) == b"", "the worker must close the connection"
 
 
 def test_socket_is_private(worker):
