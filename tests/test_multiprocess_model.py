@@ -1,0 +1,539 @@
+"""Several worker processes on one store, checked against a dict model of what was acknowledged (issue 9).
+
+Spark runs one task per store at a time, but tasks move between executors, retries and speculative
+copies re-commit a version, an old executor's maintenance runs while a new one commits, and workers
+and executors die mid-request. Each simulated executor here is a shim's view (the version it holds,
+with its commit id) plus a real ``python -m spark_state.worker`` process spoken to over its real
+socket. Hypothesis interleaves what Spark can do to one store (operator 0, partition 0) across three
+of them, on file:// and on a loopback S3 server (moto), and checks every reply, every load and the
+storage itself against the model: each acknowledged version's content and commit id, and the oldest
+version that the maintenance requests sent so far allow retention to delete (``floor``).
+
+Maintenance runs in the worker's background thread, so it really overlaps later steps. The
+``wait_for_maintenance`` step is a barrier built from the protocol alone: the worker runs
+maintenance on one FIFO thread, so once a maintenance queued on a private store of that worker has
+visibly deleted a version, everything queued before it has finished.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+
+from spark_state import errors
+from spark_state.errors import VersionNotFound
+from spark_state.keygroups import key_groups_of
+from spark_state.manifest import Manifest
+from spark_state.state import CHANGES_SCHEMA
+from spark_state.storage import FileSystemCheckpointStorage
+from spark_state.worker.protocol import ipc_to_table, table_to_ipc
+from tests import s3_server
+from tests.worker_client import Worker, WorkerGone
+
+#: The issue-9 protocol (commit ids, StaleState, fault points, fileGracePeriod); without it only
+#: today's requests are used and stale views are reloaded first, as a perfect shim would.
+CONTRACT = hasattr(errors, "StaleState")
+
+M = 16
+EXECUTORS = 3
+RESTARTS_PER_EXAMPLE = 3
+KEYS = [b"k%d" % i for i in range(8)]
+HASHES = dict(zip(KEYS, [5, -5, 21, 2**31 - 1, -(2**31), 7, 7, 0]))   # k5, k6 collide
+QUERY_ID = "5f1e0c1a-0000-4000-8000-00000000a11d"
+executors = st.integers(0, EXECUTORS - 1)
+change_sets = st.dictionaries(st.sampled_from(KEYS), st.booleans(), max_size=3)   # key -> put (True) / delete
+
+
+def encode(delta: dict[bytes, bytes | None]) -> bytes:
+    keys = list(delta)
+    hashes = np.array([HASHES[k] for k in keys], dtype=np.int32)
+    table = pa.table({"kg": pa.array(key_groups_of(hashes, M)), "hash": pa.array(hashes),
+                      "key": pa.array(keys, pa.binary()), "value": pa.array([delta[k] for k in keys], pa.binary())},
+                     schema=CHANGES_SCHEMA)
+    return table_to_ipc(table).to_pybytes()
+
+
+def decode(body: bytes) -> dict[bytes, bytes]:
+    table = ipc_to_table(body)
+    keys = table.column("key").to_pylist()
+    assert len(set(keys)) == len(keys), f"a key twice in a loaded version: {keys}"
+    return dict(zip(keys, table.column("value").to_pylist()))
+
+
+def applied(state: dict, delta: dict) -> dict:
+    out = dict(state)
+    for k, x in delta.items():
+        if x is None:
+            out.pop(k, None)
+        else:
+            out[k] = x
+    return out
+
+
+@dataclass
+class Version:
+    """An acknowledged version: its content, and the commit ids storage may hold for it
+    (one once known; two after speculative duplicates; empty when written but never seen)."""
+
+    content: dict
+    ids: frozenset
+
+
+@dataclass
+class View:
+    """What a shim holds: the version of its live map, that version's commit id, the map."""
+
+    version: int
+    commit_id: str | None
+    content: dict
+
+
+@dataclass
+class Executor:
+    worker: Worker
+    conn: object = None
+    view: View | None = None
+    barrier_ids: dict = field(default_factory=dict)   # private barrier store: version -> commit id
+    pending_keeps: set = field(default_factory=set)   # today's protocol: keeps of maintenance not yet waited for
+
+
+class Backend:
+    """Where the examples' stores live: a fresh base URL per example, and a test-side view of storage."""
+
+    def __init__(self, kind: str, tmp: Path):
+        self.kind = kind
+        if kind == "file":
+            self.prefix = f"file://{tmp}"
+        else:
+            s3_server.start()
+            bucket = f"model-{uuid.uuid4().hex[:8]}"
+            s3_server.make_bucket(bucket)
+            self.prefix = f"s3://{bucket}"
+        self._count = itertools.count()
+
+    def new_base(self) -> str:
+        return f"{self.prefix}/ex{next(self._count)}"
+
+    @staticmethod
+    def storage(root: str) -> FileSystemCheckpointStorage:
+        """spark_state's own storage class, with no listing cached from an earlier look."""
+        storage = FileSystemCheckpointStorage(root)
+        storage.fs.invalidate_cache()
+        return storage
+
+
+class StoreModel(RuleBasedStateMachine):
+    """One store, three executors, the model of what was acknowledged (see the module docstring)."""
+
+    backend: Backend
+    workers: list[Worker]
+    grace: str | None = "0"          # fileGracePeriod; None = the default (nothing is old enough to delete)
+    steps_run = 0
+    examples_run = 0
+
+    def __init__(self):
+        super().__init__()
+        type(self).examples_run += 1
+        self.base = self.backend.new_base()
+        self.ex = [Executor(w) for w in self.workers]
+        self.versions: dict[int, Version] = {0: Version({}, frozenset([None]))}
+        self.floor = 0        # versions >= floor survive every maintenance requested so far
+        self.counter = 0
+        self.steps = 0
+        self.restarts_left = RESTARTS_PER_EXAMPLE   # a worker start costs ~0.5 s of CPU: a few per example
+        self._manifest_cache: dict[tuple[int, str], tuple[bytes, Manifest]] = {}
+
+    # ------------------------------------------------------------------ requests
+
+    def options(self) -> dict:
+        opts = {"storage": "filesystem", "maxParallelism": str(M), "snapshotInterval": "2"}
+        if CONTRACT and self.grace is not None:
+            opts["fileGracePeriod"] = self.grace
+        return opts
+
+    def store(self, partition: int = 0) -> dict:
+        return {"sparkRoot": f"{self.base}/state", "location": f"{self.base}/state/0/{partition}",
+                "operator": 0, "partition": partition, "name": "default", "queryId": QUERY_ID}
+
+    def root(self, partition: int = 0) -> str:
+        return f"{self.base}/state/0/{partition}"
+
+    def header(self, op: str, partition: int = 0, **fields) -> dict:
+        return {"op": op, "store": self.store(partition), "options": self.options(), **fields}
+
+    def connection(self, ex: Executor):
+        if ex.conn is None:
+            ex.conn = ex.worker.connect()
+        return ex.conn
+
+    def call(self, ex: Executor, header: dict, body: bytes = b"") -> tuple[dict, bytes]:
+        try:
+            return self.connection(ex).request(header, body)
+        except WorkerGone:
+            pytest.fail(f"worker {ex.worker.pid} died on {header['op']}; log tail:\n{ex.worker.log_tail()}")
+
+    def restart(self, ex: Executor) -> None:
+        self.restarts_left -= 1
+        if ex.conn is not None:
+            ex.conn.close()
+        ex.conn = None
+        ex.worker.restart()
+        ex.pending_keeps.clear()
+
+    @property
+    def head(self) -> int:
+        return max(self.versions)
+
+    # ------------------------------------------------------------------ the model's expectations
+
+    def expect_commit(self, view: View) -> str:
+        """'ok', 'stale' (StaleState) or 'either' (the base may be gone: below the floor, or two ids possible)."""
+        if view.version == 0:
+            return "ok"
+        if view.version < self.floor:
+            return "either"
+        ids = self.versions[view.version].ids
+        if view.commit_id in ids:
+            return "ok" if len(ids) == 1 else "either"
+        return "stale"
+
+    def raise_floor(self, low: int) -> None:
+        self.floor = max(self.floor, low)
+
+    def note_commit(self) -> None:
+        """Today's retention keeps the newest `keep` manifests present when it runs, so a pending run moves the floor."""
+        if not CONTRACT:
+            keeps = [k for ex in self.ex for k in ex.pending_keeps]
+            if keeps:
+                self.raise_floor(self.head - min(keeps) + 1)
+
+    # ------------------------------------------------------------------ load and commit
+
+    def do_load(self, e: int, version: int) -> bool:
+        """getStore(version) on executor e: the shim sends its commit id when it holds that version."""
+        ex = self.ex[e]
+        header = self.header("load", version=version)
+        if CONTRACT and ex.view is not None and ex.view.version == version and version > 0:
+            header["commitId"] = ex.view.commit_id
+        resp, body = self.call(ex, header)
+        expected = self.versions[version]
+        if not resp["ok"]:
+            assert version < self.floor and resp["kind"] == "VersionNotFound", \
+                f"load of version {version} (floor {self.floor}) failed: {resp}"
+            ex.view = None
+            return False
+        if resp.get("unchanged"):
+            assert "commitId" in header, f"'unchanged' reply to a load that sent no commit id: {resp}"
+            assert not expected.ids or header["commitId"] in expected.ids, \
+                f"version {version}: worker says {header['commitId']} is current, model has {set(expected.ids)}"
+            assert ex.view.content == expected.content
+            commit_id, content = header["commitId"], ex.view.content
+        else:
+            content = decode(body)
+            assert resp["rows"] == len(content)
+            assert content == expected.content, \
+                f"version {version} loads as {content}, acknowledged {expected.content}"
+            if CONTRACT:
+                commit_id = resp.get("commitId")
+                assert (commit_id is None) == (version == 0), resp
+                assert not expected.ids or commit_id in expected.ids, \
+                    f"version {version} has commit id {commit_id}, acknowledged {set(expected.ids)}"
+                assert "commitId" not in header or header["commitId"] != commit_id, \
+                    f"version {version} still has the commit id the shim sent, yet the reply is not 'unchanged'"
+            else:   # today's protocol has no ids: the model's stands in for it
+                (commit_id,) = expected.ids
+        expected.ids = frozenset([commit_id])
+        ex.view = View(version, commit_id, content)
+        return True
+
+    def ensure_view(self, e: int, version: int) -> bool:
+        return self.do_load(e, version)
+
+    def delta(self, changes: dict) -> dict:
+        self.counter += 1
+        return {k: (b"v%d" % self.counter) if put else None for k, put in sorted(changes.items())}
+
+    def commit_request(self, view: View, delta: dict) -> tuple[dict, bytes]:
+        return self.header("commit", version=view.version + 1, baseCommitId=view.commit_id), encode(delta)
+
+    def settle_commit(self, e: int, view: View, delta: dict, expect: str, resp: dict) -> None:
+        ex = self.ex[e]
+        version = view.version + 1
+        if resp["ok"]:
+            assert expect != "stale", \
+                f"commit of version {version} on a stale base (commit id {view.commit_id}) was acknowledged"
+            commit_id = resp.get("commitId") if CONTRACT else f"model-{self.counter}"
+            assert commit_id, resp
+            content = applied(view.content, delta)
+            if expect == "either" and view.version in self.versions:
+                self.versions[view.version].ids = frozenset([view.commit_id])
+            self.versions[version] = Version(content, frozenset([commit_id]))
+            ex.view = View(version, commit_id, content)
+            self.note_commit()
+        else:
+            allowed = {"ok": (), "stale": ("StaleState",), "either": ("StaleState", "VersionNotFound")}[expect]
+            assert resp["kind"] in allowed, f"commit of version {version} ({expect} expected) failed: {resp}"
+            ex.view = None   # the shim drops its map; Spark's retry reloads
+
+    def do_commit(self, e: int, changes: dict) -> None:
+        ex = self.ex[e]
+        view = ex.view
+        if not CONTRACT and self.expect_commit(view) != "ok":
+            self.ensure_view(e, self.head)   # today's worker cannot tell a stale base: load the head as a perfect shim would
+            view = ex.view
+        if CONTRACT and self.grace == "0" and view.version < self.floor:
+            # With no grace period, nothing protects a commit on a base retention may be deleting right now.
+            if not self.ensure_view(e, self.head):
+                return
+            view = ex.view
+        expect = self.expect_commit(view)
+        delta = self.delta(changes)
+        header, body = self.commit_request(view, delta)
+        resp, _ = self.call(ex, header, body)
+        self.settle_commit(e, view, delta, expect, resp)
+
+    # ------------------------------------------------------------------ rules: what Spark does
+
+    @rule(e=executors, back=st.integers(0, 5))
+    def load(self, e, back):
+        """getStore / getReadStore of a recent version (tasks moving, restarts, rollbacks)."""
+        self.do_load(e, max(0, self.head - back))
+
+    @precondition(lambda self: any(ex.view is not None for ex in self.ex))
+    @rule(e=executors, changes=change_sets)
+    def commit(self, e, changes):
+        """The next batch on whatever the executor holds: the head, an old version, or a stale one."""
+        if self.ex[e].view is None:
+            e = next(i for i, ex in enumerate(self.ex) if ex.view is not None)
+        self.do_commit(e, changes)
+
+    @rule(e=executors, changes=change_sets)
+    def commit_next(self, e, changes):
+        """Batch head+1 on executor e (it loads or confirms the head first)."""
+        if self.ensure_view(e, self.head):
+            self.do_commit(e, changes)
+
+    @precondition(lambda self: max(self.versions) >= 1)
+    @rule(e=executors, changes=change_sets)
+    def recommit(self, e, changes):
+        """A retry re-runs the last batch (sink failed after the state commit), maybe on another executor."""
+        if self.ensure_view(e, self.head - 1):
+            self.do_commit(e, changes)
+
+    @rule(e=executors, back=st.integers(0, 2))
+    def abort(self, e, back):
+        """A task's abort after its commit was sent: drops what that commit may have left behind."""
+        resp, _ = self.call(self.ex[e], self.header("abort", version=max(1, self.head + 1 - back)))
+        assert resp["ok"], resp
+
+    @precondition(lambda self: not CONTRACT or any(ex.view is not None for ex in self.ex))
+    @rule(e=executors, keep=st.integers(1, 4), background=st.booleans())
+    def maintenance(self, e, keep, background):
+        """doMaintenance on executor e for the version it holds; compaction and retention run in the background."""
+        e = self.send_maintenance(e, keep)
+        if not background:
+            self.barrier(e)
+
+    @rule(e=executors)
+    def wait_for_maintenance(self, e):
+        self.barrier(e)
+
+    @precondition(lambda self: self.restarts_left > 0)
+    @rule(e=executors, executor_dies=st.booleans())
+    def kill(self, e, executor_dies):
+        """SIGKILL of the worker (the shim starts a new one, keeps its map) or of the whole executor."""
+        self.restart(self.ex[e])
+        if executor_dies:
+            self.ex[e].view = None
+
+    # ------------------------------------------------------------------ maintenance and its barrier
+
+    def send_maintenance(self, e: int, keep: int) -> int:
+        ex = self.ex[e]
+        if CONTRACT and ex.view is None:
+            e = next(i for i, x in enumerate(self.ex) if x.view is not None)
+            ex = self.ex[e]
+        header = self.header("maintenance", minVersionsToRetain=keep)
+        if CONTRACT:
+            header["version"] = ex.view.version
+            self.raise_floor(ex.view.version - max(keep, 2) + 1)
+        else:
+            ex.pending_keeps.add(keep)
+            self.raise_floor(self.head - keep + 1)
+        resp, _ = self.call(ex, header)
+        assert resp["ok"], resp
+        return e
+
+    def barrier(self, e: int, timeout: float = 60.0) -> bool:
+        """Returns once maintenance queued so far on executor e's worker has run (True), or the worker died (False).
+
+        A private store of this worker (partition 100+e) gets one more version and a maintenance
+        that must delete its older versions; that maintenance is queued behind everything before it.
+        """
+        ex = self.ex[e]
+        partition = 100 + e
+        ids = ex.barrier_ids
+        try:
+            while max(ids, default=0) < 2:
+                self._barrier_commit(ex, partition, max(ids, default=0) + 1)
+            newest = max(ids) + 1
+            self._barrier_commit(ex, partition, newest)
+            header = self.header("maintenance", partition, minVersionsToRetain=2 if CONTRACT else 1)
+            if CONTRACT:
+                header["version"] = newest
+            resp, _ = self.connection(ex).request(header)
+            assert resp["ok"], resp
+        except WorkerGone:
+            self.restart(ex)
+            return False
+        lowest_kept = newest - 1 if CONTRACT else newest
+        storage = None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not ex.worker.alive():
+                self.restart(ex)
+                return False
+            storage = storage or self.backend.storage(self.root(partition))
+            storage.fs.invalidate_cache()
+            if min(storage.list_versions(), default=lowest_kept) >= lowest_kept:
+                ex.pending_keeps.clear()
+                for v in [v for v in ids if v < lowest_kept]:
+                    del ids[v]
+                return True
+            time.sleep(0.002 if self.backend.kind == "file" else 0.01)
+        pytest.fail(f"maintenance of worker {ex.worker.pid} did not finish in {timeout}s; log:\n{ex.worker.log_tail()}")
+
+    def _barrier_commit(self, ex: Executor, partition: int, version: int) -> None:
+        header = self.header("commit", partition, version=version, baseCommitId=ex.barrier_ids.get(version - 1))
+        resp, _ = self.connection(ex).request(header, encode({b"k0": b"%d" % version}))
+        assert resp["ok"], f"barrier store commit failed: {resp}"
+        ex.barrier_ids[version] = resp.get("commitId")
+
+    # ------------------------------------------------------------------ invariants
+
+    @invariant()
+    def storage_matches_model(self):
+        """Every acknowledged version above the floor is in storage as acknowledged; no present manifest
+        names a missing file (with no grace period: none at or above the floor)."""
+        self.steps += 1
+        type(self).steps_run += 1
+        storage = self.backend.storage(self.root())
+        manifests = self._read_manifests(storage)
+        for v, expected in self.versions.items():
+            if v == 0 or v < self.floor:
+                continue
+            assert v in manifests, f"acknowledged version {v} (floor {self.floor}) is gone from storage"
+            if CONTRACT:
+                stored = manifests[v][1].commit_id
+                assert not expected.ids or stored in expected.ids, \
+                    f"version {v} in storage has commit id {stored}, acknowledged {set(expected.ids)}"
+                expected.ids = frozenset([stored])
+        files = set(storage.list_files())
+        for v, (raw, manifest) in manifests.items():
+            if self.grace == "0" and v < self.floor:
+                continue
+            missing = set(manifest.paths) - files
+            if not missing:
+                continue
+            # Not a race with a deletion of this version: the manifest is still there, unchanged.
+            storage = self.backend.storage(self.root())
+            try:
+                again = storage.read_manifest(v)
+            except VersionNotFound:
+                continue
+            still = missing - set(storage.list_files())
+            assert not (again == raw and still), f"version {v}'s manifest names missing files {sorted(still)}"
+        if self.steps % 10 == 0:
+            self.check_contents(list(self.versions))
+        elif self.steps % 3 == 0:
+            self.check_contents([self.head])
+
+    def _read_manifests(self, storage) -> dict[int, tuple[bytes, Manifest]]:
+        out = {}
+        for v, stamp in storage.list_manifests().items():
+            cached = self._manifest_cache.get((v, stamp))
+            if cached is None:
+                try:
+                    raw = storage.read_manifest(v)
+                except VersionNotFound:
+                    continue   # deleted since the listing
+                cached = (raw, Manifest.from_json(raw, f"chk-{v}"))
+                self._manifest_cache[(v, stamp)] = cached
+            out[v] = cached
+        return out
+
+    def check_contents(self, versions) -> None:
+        """Loads (as a read-only store: no executor's view changes) must return exactly what was acknowledged."""
+        for i, v in enumerate(sorted(versions)):
+            if v == 0:
+                continue
+            ex = self.ex[(self.steps + i) % EXECUTORS]
+            resp, body = self.call(ex, self.header("load", version=v))
+            if not resp["ok"]:
+                assert v < self.floor and resp["kind"] == "VersionNotFound", f"load of {v} failed: {resp}"
+                continue
+            assert decode(body) == self.versions[v].content, \
+                f"version {v} loads as {decode(body)}, acknowledged {self.versions[v].content}"
+
+    def teardown(self):
+        """Leaves the workers as the next example needs them: alive, no reply pending."""
+        for ex in self.ex:
+            if ex.conn is not None:
+                ex.conn.close()
+                ex.conn = None
+            if not ex.worker.alive():
+                self.restart(ex)
+
+
+# ---------------------------------------------------------------------- the tests
+
+@pytest.fixture(scope="module")
+def workers():
+    """Three workers for every example (each example has its own store); each with its own fault directory."""
+    dirs = [Path(tempfile.mkdtemp(prefix="ssm-")) for _ in range(EXECUTORS)]
+    for d in dirs:
+        (d / "faults").mkdir()
+    pool = [Worker(d, env={"SPARK_STATE_FAULT_DIR": str(d / "faults")}, wait=False) for d in dirs]
+    yield pool
+    for w, d in zip(pool, dirs):
+        w.close()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def run_model(backend: Backend, workers, *, grace: str | None, examples: int, steps: int) -> None:
+    machine = type(f"StoreModel_{backend.kind}", (StoreModel,), {"backend": backend, "workers": workers, "grace": grace})
+    started = time.monotonic()
+    try:
+        run_state_machine_as_test(machine, settings=settings(
+            max_examples=examples, stateful_step_count=steps, deadline=None, print_blob=True,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]))
+    finally:
+        print(f"\n{backend.kind} grace={grace}: {machine.examples_run} examples, {machine.steps_run} steps, "
+              f"{time.monotonic() - started:.1f} s, worker starts {[w.starts for w in workers]}")
+
+
+SCALE = float(os.environ.get("SPARK_STATE_MODEL_SCALE", "1"))
+
+
+@pytest.mark.parametrize("kind,grace", [("file", "0"), ("file", None), ("s3", "0")])
+def test_model(kind, grace, workers, tmp_path):
+    examples = {("file", "0"): 30, ("file", None): 10, ("s3", "0"): 10}[kind, grace]
+    run_model(Backend(kind, tmp_path), workers, grace=grace, examples=max(1, int(examples * SCALE)), steps=40)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["file", "s3"])
+def test_model_long(kind, workers, tmp_path):
+    run_model(Backend(kind, tmp_path), workers, grace="0", examples=200, steps=80)
