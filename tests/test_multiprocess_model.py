@@ -49,6 +49,7 @@ CONTRACT = hasattr(errors, "StaleState")
 M = 16
 EXECUTORS = 3
 RESTARTS_PER_EXAMPLE = 3
+PAUSE = 0.3   # seconds a commit is held between its data file and its manifest while another executor works
 KEYS = [b"k%d" % i for i in range(8)]
 HASHES = dict(zip(KEYS, [5, -5, 21, 2**31 - 1, -(2**31), 7, 7, 0]))   # k5, k6 collide
 QUERY_ID = "5f1e0c1a-0000-4000-8000-00000000a11d"
@@ -358,6 +359,111 @@ class StoreModel(RuleBasedStateMachine):
         if executor_dies:
             self.ex[e].view = None
 
+    # ------------------------------------------------------------------ rules: crashes and overlaps (fault points)
+
+    def commit_target(self, e: int, recommit: bool) -> View | None:
+        """Executor e holds the head (next batch) or the version before it (a retried batch), fresh from storage."""
+        target = self.head - 1 if recommit and self.head >= 1 else self.head
+        return self.ex[e].view if self.ensure_view(e, target) else None
+
+    @precondition(lambda self: CONTRACT and self.restarts_left > 0)
+    @rule(e=executors, changes=change_sets, recommit=st.booleans(),
+          point=st.sampled_from(["commit-after-data", "commit-after-manifest"]), retry=st.booleans())
+    def crash_in_commit(self, e, changes, recommit, point, retry):
+        """The worker dies inside a commit; the shim retries once on a new worker, or the executor died too."""
+        view = self.commit_target(e, recommit)
+        if view is None:
+            return
+        ex = self.ex[e]
+        delta = self.delta(changes)
+        header, body = self.commit_request(view, delta)
+        self.arm(ex, point, "exit")
+        try:
+            resp, _ = self.connection(ex).request(header, body)
+        except WorkerGone:
+            resp = None
+        self.restart(ex)
+        assert resp is None, f"the worker answered {resp} instead of dying at {point}"
+        if retry:
+            resp, _ = self.call(ex, header, body)
+            self.settle_commit(e, view, delta, "ok", resp)
+            return
+        ex.view = None
+        if point == "commit-after-manifest":   # durable, though nobody saw its commit id
+            self.versions[view.version + 1] = Version(applied(view.content, delta), frozenset())
+
+    @precondition(lambda self: CONTRACT)
+    @rule(e=executors, other=executors, changes=change_sets, recommit=st.booleans(),
+          meanwhile=st.sampled_from(["maintenance", "abort", "duplicate"]), keep=st.integers(1, 4))
+    def commit_while_another_works(self, e, other, changes, recommit, meanwhile, keep):
+        """A commit held between its data file and its manifest while another executor runs maintenance,
+        aborts that version, or commits it too (a speculative copy with the same changes)."""
+        q = other if other != e else (e + 1) % EXECUTORS
+        view = self.commit_target(e, recommit)
+        if view is None:
+            return
+        if meanwhile == "duplicate":
+            if not self.ensure_view(q, view.version):
+                return
+        elif self.ex[q].view is None and not self.ensure_view(q, self.head):
+            return
+        ex, other_ex = self.ex[e], self.ex[q]
+        delta = self.delta(changes)
+        header, body = self.commit_request(view, delta)
+        self.arm(ex, "commit-after-data", f"sleep:{PAUSE}")
+        self.connection(ex).send(header, body)
+        self.wait_fired(ex, "commit-after-data")
+        duplicate = None
+        if meanwhile == "maintenance":
+            self.barrier(self.send_maintenance(q, keep))
+        elif meanwhile == "abort":
+            resp, _ = self.call(other_ex, self.header("abort", version=view.version + 1))
+            assert resp["ok"], resp
+        else:
+            qview = other_ex.view
+            resp, _ = self.call(other_ex, *self.commit_request(qview, delta))
+            assert resp["ok"], f"speculative copy of the commit of version {view.version + 1} failed: {resp}"
+            duplicate = resp["commitId"]
+        try:
+            resp, _ = ex.conn.receive()
+        except WorkerGone:
+            pytest.fail(f"worker died in a held commit; log tail:\n{ex.worker.log_tail()}")
+        self.settle_commit(e, view, delta, "ok", resp)
+        if duplicate is not None:   # whichever manifest landed last is the version; both have the same content
+            version = self.versions[view.version + 1]
+            version.ids = version.ids | {duplicate}
+            other_ex.view = View(view.version + 1, duplicate, version.content)
+
+    @precondition(lambda self: CONTRACT and self.restarts_left > 0 and any(ex.view is not None for ex in self.ex))
+    @rule(e=executors, keep=st.integers(1, 4))
+    def crash_in_compaction(self, e, keep):
+        """The worker dies between writing a compacted snapshot and recording it (if it compacts at all)."""
+        if self.ex[e].view is None:
+            e = next(i for i, ex in enumerate(self.ex) if ex.view is not None)
+        self.arm(self.ex[e], "compaction-after-snapshot", "exit")
+        self.barrier(self.send_maintenance(e, keep))
+        self.disarm(self.ex[e])
+
+    def faults(self, ex: Executor) -> Path:
+        return Path(ex.worker.env["SPARK_STATE_FAULT_DIR"])
+
+    def arm(self, ex: Executor, point: str, action: str) -> None:
+        self.disarm(ex)
+        tmp = self.faults(ex) / f".{point}.tmp"
+        tmp.write_text(action)
+        os.replace(tmp, self.faults(ex) / point)   # the worker must never claim a half-written file
+
+    def disarm(self, ex: Executor) -> None:
+        for f in self.faults(ex).iterdir():
+            f.unlink(missing_ok=True)
+
+    def wait_fired(self, ex: Executor, point: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(self.faults(ex).glob(f"{point}.fired-*")):
+            assert ex.worker.alive() and time.monotonic() < deadline, \
+                f"fault point {point} not reached; log tail:\n{ex.worker.log_tail()}"
+            time.sleep(0.002)
+
     # ------------------------------------------------------------------ maintenance and its barrier
 
     def send_maintenance(self, e: int, keep: int) -> int:
@@ -488,8 +594,9 @@ class StoreModel(RuleBasedStateMachine):
                 f"version {v} loads as {decode(body)}, acknowledged {self.versions[v].content}"
 
     def teardown(self):
-        """Leaves the workers as the next example needs them: alive, no reply pending."""
+        """Leaves the workers as the next example needs them: alive, no fault armed, no reply pending."""
         for ex in self.ex:
+            self.disarm(ex)
             if ex.conn is not None:
                 ex.conn.close()
                 ex.conn = None
