@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
+import time
 
 _server = None
 
@@ -47,3 +50,25 @@ def make_bucket(name: str) -> None:
     import boto3
 
     boto3.client("s3", endpoint_url=start()).create_bucket(Bucket=name)
+
+
+def start_process() -> tuple[str, subprocess.Popen]:
+    """A moto server in a process of its own, on a free port: (endpoint URL, process).
+
+    For tests whose several worker processes load the endpoint hard: a server thread inside
+    the test process would share its interpreter lock with the test. The caller passes the URL
+    to its processes and stops the server.
+    """
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return f"http://127.0.0.1:{port}", proc
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"moto server did not start on port {port}") from None
+            time.sleep(0.05)

@@ -17,8 +17,11 @@ visibly deleted a version, everything queued before it has finished.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
+import re
+import select
 import shutil
 import tempfile
 import time
@@ -36,8 +39,14 @@ from spark_state import errors
 from spark_state.errors import VersionNotFound
 from spark_state.keygroups import key_groups_of
 from spark_state.manifest import Manifest
+
+try:   # issue 9: compaction writes chk-N/_snapshot beside an immutable manifest
+    from spark_state.manifest import CompactionRecord
+except ImportError:
+    CompactionRecord = None
 from spark_state.state import CHANGES_SCHEMA
 from spark_state.storage import FileSystemCheckpointStorage
+from spark_state.storage.base import file_version
 from spark_state.worker.protocol import ipc_to_table, table_to_ipc
 from tests import s3_server
 from tests.worker_client import Worker, WorkerGone
@@ -49,12 +58,15 @@ CONTRACT = hasattr(errors, "StaleState")
 M = 16
 EXECUTORS = 3
 RESTARTS_PER_EXAMPLE = 3
-PAUSE = 0.3   # seconds a commit is held between its data file and its manifest while another executor works
+PAUSE = 0.1   # seconds a commit is held between its data file and its manifest while another executor works
 KEYS = [b"k%d" % i for i in range(8)]
 HASHES = dict(zip(KEYS, [5, -5, 21, 2**31 - 1, -(2**31), 7, 7, 0]))   # k5, k6 collide
 QUERY_ID = "5f1e0c1a-0000-4000-8000-00000000a11d"
 executors = st.integers(0, EXECUTORS - 1)
 change_sets = st.dictionaries(st.sampled_from(KEYS), st.booleans(), max_size=3)   # key -> put (True) / delete
+
+
+_LISTED = re.compile(r"^(?:chk-(\d+)/(_metadata|_snapshot)|(shared/[^/]+))$")
 
 
 def encode(delta: dict[bytes, bytes | None]) -> bytes:
@@ -113,24 +125,26 @@ class Executor:
 class Backend:
     """Where the examples' stores live: a fresh base URL per example, and a test-side view of storage."""
 
-    def __init__(self, kind: str, tmp: Path):
+    def __init__(self, kind: str, tmp: Path, s3_endpoint: str):
         self.kind = kind
+        self.options = {}
         if kind == "file":
             self.prefix = f"file://{tmp}"
         else:
-            s3_server.start()
+            import boto3
+
             bucket = f"model-{uuid.uuid4().hex[:8]}"
-            s3_server.make_bucket(bucket)
+            boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
             self.prefix = f"s3://{bucket}"
+            self.options = {"endpoint_url": s3_endpoint, "use_listings_cache": False}
         self._count = itertools.count()
 
     def new_base(self) -> str:
         return f"{self.prefix}/ex{next(self._count)}"
 
-    @staticmethod
-    def storage(root: str) -> FileSystemCheckpointStorage:
+    def storage(self, root: str) -> FileSystemCheckpointStorage:
         """spark_state's own storage class, with no listing cached from an earlier look."""
-        storage = FileSystemCheckpointStorage(root)
+        storage = FileSystemCheckpointStorage(root, **self.options)
         storage.fs.invalidate_cache()
         return storage
 
@@ -141,8 +155,11 @@ class StoreModel(RuleBasedStateMachine):
     backend: Backend
     workers: list[Worker]
     grace: str | None = "0"          # fileGracePeriod; None = the default (nothing is old enough to delete)
+    fsync = False
     steps_run = 0
     examples_run = 0
+    events: collections.Counter   # what the runs exercised, printed at the end (a model that never
+                                  # sees a StaleState or a crash proves little)
 
     def __init__(self):
         super().__init__()
@@ -155,6 +172,7 @@ class StoreModel(RuleBasedStateMachine):
         self.steps = 0
         self.restarts_left = RESTARTS_PER_EXAMPLE   # a worker start costs ~0.5 s of CPU: a few per example
         self._manifest_cache: dict[tuple[int, str], tuple[bytes, Manifest]] = {}
+        self._record_cache: dict[tuple[int, str], object] = {}
 
     # ------------------------------------------------------------------ requests
 
@@ -162,6 +180,8 @@ class StoreModel(RuleBasedStateMachine):
         opts = {"storage": "filesystem", "maxParallelism": str(M), "snapshotInterval": "2"}
         if CONTRACT and self.grace is not None:
             opts["fileGracePeriod"] = self.grace
+        if CONTRACT and not self.fsync:
+            opts["fsync"] = "false"   # only a kernel crash needs it; the runs with the default grace keep it on
         return opts
 
     def store(self, partition: int = 0) -> dict:
@@ -172,7 +192,10 @@ class StoreModel(RuleBasedStateMachine):
         return f"{self.base}/state/0/{partition}"
 
     def header(self, op: str, partition: int = 0, **fields) -> dict:
-        return {"op": op, "store": self.store(partition), "options": self.options(), **fields}
+        options = self.options()
+        if partition >= 100:   # a barrier store: retention only, nothing to compact
+            options["snapshotInterval"] = "1000000"
+        return {"op": op, "store": self.store(partition), "options": options, **fields}
 
     def connection(self, ex: Executor):
         if ex.conn is None:
@@ -233,6 +256,7 @@ class StoreModel(RuleBasedStateMachine):
         if not resp["ok"]:
             assert version < self.floor and resp["kind"] == "VersionNotFound", \
                 f"load of version {version} (floor {self.floor}) failed: {resp}"
+            self.events["load: below the floor, deleted"] += 1
             ex.view = None
             return False
         if resp.get("unchanged"):
@@ -241,6 +265,7 @@ class StoreModel(RuleBasedStateMachine):
                 f"version {version}: worker says {header['commitId']} is current, model has {set(expected.ids)}"
             assert ex.view.content == expected.content
             commit_id, content = header["commitId"], ex.view.content
+            self.events["load: unchanged"] += 1
         else:
             content = decode(body)
             assert resp["rows"] == len(content)
@@ -255,6 +280,7 @@ class StoreModel(RuleBasedStateMachine):
                     f"version {version} still has the commit id the shim sent, yet the reply is not 'unchanged'"
             else:   # today's protocol has no ids: the model's stands in for it
                 (commit_id,) = expected.ids
+            self.events["load: reloaded" if "commitId" in header else "load"] += 1
         expected.ids = frozenset([commit_id])
         ex.view = View(version, commit_id, content)
         return True
@@ -272,6 +298,7 @@ class StoreModel(RuleBasedStateMachine):
     def settle_commit(self, e: int, view: View, delta: dict, expect: str, resp: dict) -> None:
         ex = self.ex[e]
         version = view.version + 1
+        self.events[f"commit ({expect} expected): {'ok' if resp['ok'] else resp['kind']}"] += 1
         if resp["ok"]:
             assert expect != "stale", \
                 f"commit of version {version} on a stale base (commit id {view.commit_id}) was acknowledged"
@@ -356,6 +383,7 @@ class StoreModel(RuleBasedStateMachine):
     def kill(self, e, executor_dies):
         """SIGKILL of the worker (the shim starts a new one, keeps its map) or of the whole executor."""
         self.restart(self.ex[e])
+        self.events["executor killed" if executor_dies else "worker killed"] += 1
         if executor_dies:
             self.ex[e].view = None
 
@@ -384,6 +412,7 @@ class StoreModel(RuleBasedStateMachine):
             resp = None
         self.restart(ex)
         assert resp is None, f"the worker answered {resp} instead of dying at {point}"
+        self.events[f"crash at {point}, {'retried' if retry else 'executor lost'}"] += 1
         if retry:
             resp, _ = self.call(ex, header, body)
             self.settle_commit(e, view, delta, "ok", resp)
@@ -424,6 +453,8 @@ class StoreModel(RuleBasedStateMachine):
             resp, _ = self.call(other_ex, *self.commit_request(qview, delta))
             assert resp["ok"], f"speculative copy of the commit of version {view.version + 1} failed: {resp}"
             duplicate = resp["commitId"]
+        held = not select.select([ex.conn.sock], [], [], 0)[0]
+        self.events[f"commit held while another executor: {meanwhile}, {'overlapped' if held else 'too slow'}"] += 1
         try:
             resp, _ = ex.conn.receive()
         except WorkerGone:
@@ -441,8 +472,33 @@ class StoreModel(RuleBasedStateMachine):
         if self.ex[e].view is None:
             e = next(i for i, ex in enumerate(self.ex) if ex.view is not None)
         self.arm(self.ex[e], "compaction-after-snapshot", "exit")
-        self.barrier(self.send_maintenance(e, keep))
+        alive = self.barrier(self.send_maintenance(e, keep))
+        self.events["crash in compaction" if not alive else "crash in compaction armed, no compaction"] += 1
         self.disarm(self.ex[e])
+
+    @precondition(lambda self: CONTRACT and self.grace == "0" and max(self.versions) >= 1)
+    @rule(e=executors)
+    def collect_garbage(self, e):
+        """Once nothing runs, one maintenance at the head leaves no unreferenced file below the window:
+        crashed commits, aborted attempts, superseded compactions and replaced deltas are all collected."""
+        for i in range(EXECUTORS):
+            self.barrier(i)
+        if not self.ensure_view(e, self.head):
+            return
+        oldest = self.head - 1
+        self.barrier(self.send_maintenance(e, 2))
+        storage = self.backend.storage(self.root())
+        stamps, records, files = self.list_store(storage)
+        referenced = set()
+        for _, manifest in self._read_manifests(storage, stamps).values():
+            referenced.update(manifest.paths)
+        for v, stamp in records.items():
+            data = storage.read_record(v, "_snapshot")
+            if data is not None:
+                referenced.add(CompactionRecord.from_json(data, f"chk-{v}/_snapshot").snapshot.path)
+        leaked = sorted(f for f in files - referenced if (file_version(f) or 0) < oldest)
+        assert not leaked, f"retention around version {self.head} left unreferenced files {leaked}"
+        self.events["garbage collected"] += 1
 
     def faults(self, ex: Executor) -> Path:
         return Path(ex.worker.env["SPARK_STATE_FAULT_DIR"])
@@ -518,7 +574,7 @@ class StoreModel(RuleBasedStateMachine):
                 for v in [v for v in ids if v < lowest_kept]:
                     del ids[v]
                 return True
-            time.sleep(0.002 if self.backend.kind == "file" else 0.01)
+            time.sleep(0.002 if self.backend.kind == "file" else 0.02)
         pytest.fail(f"maintenance of worker {ex.worker.pid} did not finish in {timeout}s; log:\n{ex.worker.log_tail()}")
 
     def _barrier_commit(self, ex: Executor, partition: int, version: int) -> None:
@@ -536,7 +592,8 @@ class StoreModel(RuleBasedStateMachine):
         self.steps += 1
         type(self).steps_run += 1
         storage = self.backend.storage(self.root())
-        manifests = self._read_manifests(storage)
+        stamps, records, files = self.list_store(storage)
+        manifests = self._read_manifests(storage, stamps)
         for v, expected in self.versions.items():
             if v == 0 or v < self.floor:
                 continue
@@ -546,11 +603,15 @@ class StoreModel(RuleBasedStateMachine):
                 assert not expected.ids or stored in expected.ids, \
                     f"version {v} in storage has commit id {stored}, acknowledged {set(expected.ids)}"
                 expected.ids = frozenset([stored])
-        files = set(storage.list_files())
         for v, (raw, manifest) in manifests.items():
             if self.grace == "0" and v < self.floor:
                 continue
-            missing = set(manifest.paths) - files
+            named = set(manifest.paths)
+            record = self._record(storage, v, manifest, records.get(v))
+            if record is not None:
+                named.add(record.snapshot.path)
+                self.events["check: version with a compaction record"] += 1
+            missing = named - files
             if not missing:
                 continue
             # Not a race with a deletion of this version: the manifest is still there, unchanged.
@@ -559,16 +620,49 @@ class StoreModel(RuleBasedStateMachine):
                 again = storage.read_manifest(v)
             except VersionNotFound:
                 continue
-            still = missing - set(storage.list_files())
-            assert not (again == raw and still), f"version {v}'s manifest names missing files {sorted(still)}"
+            still = missing - self.list_store(storage)[2]
+            assert not (again == raw and still), \
+                f"version {v}'s manifest or compaction record names missing files {sorted(still)}"
         if self.steps % 10 == 0:
             self.check_contents(list(self.versions))
         elif self.steps % 3 == 0:
             self.check_contents([self.head])
 
-    def _read_manifests(self, storage) -> dict[int, tuple[bytes, Manifest]]:
+    def _record(self, storage, version: int, manifest: Manifest, stamp: str | None):
+        """Version's compaction record (chk-N/_snapshot) if it is the one loads use: it folds this very manifest."""
+        if stamp is None:
+            return None
+        record = self._record_cache.get((version, stamp))
+        if record is None:
+            data = storage.read_record(version, "_snapshot")
+            if data is None:
+                return None
+            record = self._record_cache[(version, stamp)] = CompactionRecord.from_json(data, f"chk-{version}/_snapshot")
+        return record if record.commit_id == manifest.commit_id else None
+
+    def list_store(self, storage) -> tuple[dict[int, str], dict[int, str], set[str]]:
+        """(manifests, compaction records, data files) from one recursive listing (spark_state's own
+        listing globs chk-*/ one prefix at a time: a LIST per version on S3)."""
+        path = storage.fs._strip_protocol(self.root()).rstrip("/")
+        try:
+            found = storage.fs.find(path, detail=True)
+        except FileNotFoundError:
+            found = {}
+        manifests, records, files = {}, {}, set()
+        for name, info in found.items():
+            m = _LISTED.match(name[len(path) + 1:])
+            if m is None:
+                continue
+            if m.group(3):
+                files.add(m.group(3))
+            else:
+                stamp = ":".join(str(info.get(k)) for k in ("size", "mtime", "ino", "ETag", "LastModified"))
+                (manifests if m.group(2) == "_metadata" else records)[int(m.group(1))] = stamp
+        return manifests, (records if CompactionRecord is not None else {}), files
+
+    def _read_manifests(self, storage, stamps: dict[int, str]) -> dict[int, tuple[bytes, Manifest]]:
         out = {}
-        for v, stamp in storage.list_manifests().items():
+        for v, stamp in stamps.items():
             cached = self._manifest_cache.get((v, stamp))
             if cached is None:
                 try:
@@ -607,12 +701,27 @@ class StoreModel(RuleBasedStateMachine):
 # ---------------------------------------------------------------------- the tests
 
 @pytest.fixture(scope="module")
-def workers():
-    """Three workers for every example (each example has its own store); each with its own fault directory."""
+def s3_endpoint():
+    """moto in a process of its own: three workers and the test load it hard."""
+    url, proc = s3_server.start_process()
+    yield url
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture(scope="module")
+def workers(s3_endpoint):
+    """Three workers for every example (each example has its own store), each with its own fault
+    directory; spares started ahead make a restart cheap."""
     dirs = [Path(tempfile.mkdtemp(prefix="ssm-")) for _ in range(EXECUTORS)]
     for d in dirs:
         (d / "faults").mkdir()
-    pool = [Worker(d, env={"SPARK_STATE_FAULT_DIR": str(d / "faults")}, wait=False) for d in dirs]
+    warm = {"op": "load", "version": 0, "options": {"maxParallelism": str(M)},   # imports the storage modules
+            "store": {"sparkRoot": f"file://{dirs[0]}/warm", "location": f"file://{dirs[0]}/warm/0/0",
+                      "operator": 0, "partition": 0, "queryId": QUERY_ID}}
+    pool = [Worker(d, env={"SPARK_STATE_FAULT_DIR": str(d / "faults"), "AWS_ENDPOINT_URL": s3_endpoint},
+                   wait=False, spare=True, warmup=warm)
+            for d in dirs]
     yield pool
     for w, d in zip(pool, dirs):
         w.close()
@@ -620,7 +729,8 @@ def workers():
 
 
 def run_model(backend: Backend, workers, *, grace: str | None, examples: int, steps: int) -> None:
-    machine = type(f"StoreModel_{backend.kind}", (StoreModel,), {"backend": backend, "workers": workers, "grace": grace})
+    machine = type(f"StoreModel_{backend.kind}", (StoreModel,), {
+        "backend": backend, "workers": workers, "grace": grace, "fsync": grace is None, "events": collections.Counter()})
     started = time.monotonic()
     try:
         run_state_machine_as_test(machine, settings=settings(
@@ -629,18 +739,24 @@ def run_model(backend: Backend, workers, *, grace: str | None, examples: int, st
     finally:
         print(f"\n{backend.kind} grace={grace}: {machine.examples_run} examples, {machine.steps_run} steps, "
               f"{time.monotonic() - started:.1f} s, worker starts {[w.starts for w in workers]}")
+        for name, count in sorted(machine.events.items()):
+            print(f"  {count:6d}  {name}")
 
 
+#: Multiplies the number of examples (e.g. SPARK_STATE_MODEL_SCALE=20 for a soak run).
 SCALE = float(os.environ.get("SPARK_STATE_MODEL_SCALE", "1"))
 
 
-@pytest.mark.parametrize("kind,grace", [("file", "0"), ("file", None), ("s3", "0")])
-def test_model(kind, grace, workers, tmp_path):
-    examples = {("file", "0"): 30, ("file", None): 10, ("s3", "0"): 10}[kind, grace]
-    run_model(Backend(kind, tmp_path), workers, grace=grace, examples=max(1, int(examples * SCALE)), steps=40)
+@pytest.mark.parametrize("kind,grace,examples", [("file", "0", 30), ("file", None, 8), ("s3", "0", 4)])
+def test_model(kind, grace, examples, workers, s3_endpoint, tmp_path):
+    """CI size: ~1700 steps. fileGracePeriod=0 lets retention delete at once, so every deletion rule is
+    exercised; the default grace (with fsync) checks that nothing is deleted early either."""
+    run_model(Backend(kind, tmp_path, s3_endpoint), workers, grace=grace, examples=max(1, round(examples * SCALE)),
+              steps=40)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["file", "s3"])
-def test_model_long(kind, workers, tmp_path):
-    run_model(Backend(kind, tmp_path), workers, grace="0", examples=200, steps=80)
+@pytest.mark.parametrize("kind,examples", [("file", 200), ("s3", 30)])
+def test_model_long(kind, examples, workers, s3_endpoint, tmp_path):
+    """Longer histories (80 steps: compactions of compactions, retention of long chains)."""
+    run_model(Backend(kind, tmp_path, s3_endpoint), workers, grace="0", examples=round(examples * SCALE), steps=80)

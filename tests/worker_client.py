@@ -7,6 +7,7 @@ that dies (SIGKILL, a fault point's ``exit``) surfaces as ``WorkerGone`` on the 
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from spark_state.worker.protocol import read_frame, write_frame
@@ -66,37 +68,77 @@ class Worker:
 
     ``env`` adds to the inherited environment (e.g. ``SPARK_STATE_FAULT_DIR``). ``restart()`` kills
     the process and starts a new one at once without waiting for it; the next ``connect()`` or
-    ``ready()`` waits for its READY line, so a restart overlaps with the test's other work.
+    ``ready()`` waits for its READY line, so a restart overlaps with the test's other work. With
+    ``spare=True`` the next process is started ahead (its own socket directory) and sent
+    ``warmup`` (a request that imports what requests need), so a restart costs a test next to
+    nothing: Python, pyarrow and spark_state's storage modules take ~1 s to import.
     """
 
-    def __init__(self, workdir: Path | None = None, *, env: dict[str, str] | None = None, wait: bool = True):
+    def __init__(self, workdir: Path | None = None, *, env: dict[str, str] | None = None, wait: bool = True,
+                 spare: bool = False, warmup: dict | None = None):
         self.workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="ssw-"))
         self._own_workdir = workdir is None
-        self.dir = self.workdir / "sock"   # short paths: a Unix socket path is limited to ~107 bytes
-        self.dir.mkdir(mode=0o700, exist_ok=True)
         self.env = dict(env or {})
         self.starts = 0
         self.proc: subprocess.Popen | None = None
         self.pid: int | None = None
+        self.dir: Path | None = None
         self.log_path = self.workdir / "worker.log"
         self._log = open(self.log_path, "ab")
+        self._dirs = itertools.count()
+        self._spare_wanted = spare
+        self._warmup = warmup
+        self._spare: tuple[subprocess.Popen, Path, threading.Thread, list] | None = None
         self._spawn()
         if wait:
             self.ready()
 
-    def _spawn(self) -> None:
+    def _launch(self) -> tuple[subprocess.Popen, Path]:
+        n = next(self._dirs)
+        directory = self.workdir / ("sock" if n == 0 else f"sock{n}")   # short: a socket path has ~107 bytes
+        directory.mkdir(mode=0o700, exist_ok=True)
         env = {**os.environ, **self.env}
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "spark_state.worker", "--socket-dir", str(directory)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=ROOT, env=env,
+        )
+        proc.stdin.write(SECRET.encode() + b"\n")
+        proc.stdin.flush()
+        return proc, directory
+
+    def _spawn(self) -> None:
         self.starts += 1
         self._log.write(f"---- start {self.starts}\n".encode())
         self._log.flush()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "spark_state.worker", "--socket-dir", str(self.dir)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=ROOT, env=env,
-        )
-        self.proc.stdin.write(SECRET.encode() + b"\n")
-        self.proc.stdin.flush()
         self.pid = None
+        if self._spare is not None:
+            (self.proc, self.dir, thread, started), self._spare = self._spare, None
+            thread.join()
+            if started:
+                self.pid = started[0]
+        else:
+            self.proc, self.dir = self._launch()
+        if self._spare_wanted:
+            proc, directory = self._launch()
+            started: list = []
+            thread = threading.Thread(target=self._prepare, args=(proc, directory, started), daemon=True)
+            thread.start()
+            self._spare = (proc, directory, thread, started)
+
+    def _prepare(self, proc: subprocess.Popen, directory: Path, started: list) -> None:
+        """Waits for a spare's READY line and warms it up; leaves `started` empty if it failed (ready() reports)."""
+        line = proc.stdout.readline().decode()
+        if not line.startswith("READY "):
+            return
+        started.append(int(line.split()[1]))
+        if self._warmup is not None:
+            try:
+                conn = self._connect(directory, SECRET)
+                conn.request(self._warmup)
+                conn.close()
+            except (OSError, WorkerGone):
+                pass
 
     def ready(self) -> int:
         """Waits for the READY line of the current process; its pid."""
@@ -109,8 +151,12 @@ class Worker:
 
     def connect(self, secret: str = SECRET) -> Connection:
         self.ready()
+        return self._connect(self.dir, secret)
+
+    @staticmethod
+    def _connect(directory: Path, secret: str) -> Connection:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(str(self.dir / "worker.sock"))
+        sock.connect(str(directory / "worker.sock"))
         conn = Connection(sock, {})
         conn.send({"op": "hello", "secret": secret, "protocol": 1})
         conn.hello = conn.receive()[0]
@@ -121,14 +167,7 @@ class Worker:
 
     def kill(self) -> None:
         """SIGKILL, like an executor's worker killed by the OS; waits until it is gone."""
-        if self.alive():
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            try:
-                pipe.close()
-            except OSError:
-                pass
+        _kill(self.proc)
 
     def restart(self) -> None:
         self.kill()
@@ -141,6 +180,20 @@ class Worker:
     def close(self) -> None:
         if self.proc is not None:
             self.kill()
+        if self._spare is not None:
+            _kill(self._spare[0])
+            self._spare[2].join()
         self._log.close()
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout):
+        try:
+            pipe.close()
+        except OSError:
+            pass
