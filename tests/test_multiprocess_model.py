@@ -33,27 +33,18 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
+                                 run_state_machine_as_test)
 
-from spark_state import errors
 from spark_state.errors import VersionNotFound
 from spark_state.keygroups import key_groups_of
-from spark_state.manifest import Manifest
-
-try:   # issue 9: compaction writes chk-N/_snapshot beside an immutable manifest
-    from spark_state.manifest import CompactionRecord
-except ImportError:
-    CompactionRecord = None
+from spark_state.manifest import CompactionRecord, Manifest
 from spark_state.state import CHANGES_SCHEMA
 from spark_state.storage import FileSystemCheckpointStorage
 from spark_state.storage.base import file_version
 from spark_state.worker.protocol import ipc_to_table, table_to_ipc
 from tests import s3_server
 from tests.worker_client import Worker, WorkerGone
-
-#: The issue-9 protocol (commit ids, StaleState, fault points, fileGracePeriod); without it only
-#: today's requests are used and stale views are reloaded first, as a perfect shim would.
-CONTRACT = hasattr(errors, "StaleState")
 
 M = 16
 EXECUTORS = 3
@@ -115,11 +106,14 @@ class View:
 
 @dataclass
 class Executor:
+    """A simulated executor: its shim (view, and the version it last loaded or committed, which its
+    maintenance retains around) and its real worker process."""
+
     worker: Worker
     conn: object = None
     view: View | None = None
+    held: int = 0
     barrier_ids: dict = field(default_factory=dict)   # private barrier store: version -> commit id
-    pending_keeps: set = field(default_factory=set)   # today's protocol: keeps of maintenance not yet waited for
 
 
 class Backend:
@@ -171,6 +165,7 @@ class StoreModel(RuleBasedStateMachine):
         self.counter = 0
         self.steps = 0
         self.restarts_left = RESTARTS_PER_EXAMPLE   # a worker start costs ~0.5 s of CPU: a few per example
+        self.keep = 2   # minBatchesToRetain (one value per query, as in Spark); drawn by choose_retention
         self._manifest_cache: dict[tuple[int, str], tuple[bytes, Manifest]] = {}
         self._record_cache: dict[tuple[int, str], object] = {}
 
@@ -178,9 +173,9 @@ class StoreModel(RuleBasedStateMachine):
 
     def options(self) -> dict:
         opts = {"storage": "filesystem", "maxParallelism": str(M), "snapshotInterval": "2"}
-        if CONTRACT and self.grace is not None:
+        if self.grace is not None:
             opts["fileGracePeriod"] = self.grace
-        if CONTRACT and not self.fsync:
+        if not self.fsync:
             opts["fsync"] = "false"   # only a kernel crash needs it; the runs with the default grace keep it on
         return opts
 
@@ -214,7 +209,6 @@ class StoreModel(RuleBasedStateMachine):
             ex.conn.close()
         ex.conn = None
         ex.worker.restart()
-        ex.pending_keeps.clear()
 
     @property
     def head(self) -> int:
@@ -236,20 +230,13 @@ class StoreModel(RuleBasedStateMachine):
     def raise_floor(self, low: int) -> None:
         self.floor = max(self.floor, low)
 
-    def note_commit(self) -> None:
-        """Today's retention keeps the newest `keep` manifests present when it runs, so a pending run moves the floor."""
-        if not CONTRACT:
-            keeps = [k for ex in self.ex for k in ex.pending_keeps]
-            if keeps:
-                self.raise_floor(self.head - min(keeps) + 1)
-
     # ------------------------------------------------------------------ load and commit
 
     def do_load(self, e: int, version: int) -> bool:
         """getStore(version) on executor e: the shim sends its commit id when it holds that version."""
         ex = self.ex[e]
         header = self.header("load", version=version)
-        if CONTRACT and ex.view is not None and ex.view.version == version and version > 0:
+        if ex.view is not None and ex.view.version == version and version > 0:
             header["commitId"] = ex.view.commit_id
         resp, body = self.call(ex, header)
         expected = self.versions[version]
@@ -271,21 +258,20 @@ class StoreModel(RuleBasedStateMachine):
             assert resp["rows"] == len(content)
             assert content == expected.content, \
                 f"version {version} loads as {content}, acknowledged {expected.content}"
-            if CONTRACT:
-                commit_id = resp.get("commitId")
-                assert (commit_id is None) == (version == 0), resp
-                assert not expected.ids or commit_id in expected.ids, \
-                    f"version {version} has commit id {commit_id}, acknowledged {set(expected.ids)}"
-                assert "commitId" not in header or header["commitId"] != commit_id, \
-                    f"version {version} still has the commit id the shim sent, yet the reply is not 'unchanged'"
-            else:   # today's protocol has no ids: the model's stands in for it
-                (commit_id,) = expected.ids
+            commit_id = resp.get("commitId")
+            assert (commit_id is None) == (version == 0), resp
+            assert not expected.ids or commit_id in expected.ids, \
+                f"version {version} has commit id {commit_id}, acknowledged {set(expected.ids)}"
+            assert "commitId" not in header or header["commitId"] != commit_id, \
+                f"version {version} still has the commit id the shim sent, yet the reply is not 'unchanged'"
             self.events["load: reloaded" if "commitId" in header else "load"] += 1
         expected.ids = frozenset([commit_id])
         ex.view = View(version, commit_id, content)
+        ex.held = version
         return True
 
     def ensure_view(self, e: int, version: int) -> bool:
+        """Executor e holds `version` as storage has it now (a task's getStore); False if it is gone."""
         return self.do_load(e, version)
 
     def delta(self, changes: dict) -> dict:
@@ -293,7 +279,8 @@ class StoreModel(RuleBasedStateMachine):
         return {k: (b"v%d" % self.counter) if put else None for k, put in sorted(changes.items())}
 
     def commit_request(self, view: View, delta: dict) -> tuple[dict, bytes]:
-        return self.header("commit", version=view.version + 1, baseCommitId=view.commit_id), encode(delta)
+        return (self.header("commit", version=view.version + 1, baseCommitId=view.commit_id,
+                            minVersionsToRetain=self.keep), encode(delta))
 
     def settle_commit(self, e: int, view: View, delta: dict, expect: str, resp: dict) -> None:
         ex = self.ex[e]
@@ -302,14 +289,14 @@ class StoreModel(RuleBasedStateMachine):
         if resp["ok"]:
             assert expect != "stale", \
                 f"commit of version {version} on a stale base (commit id {view.commit_id}) was acknowledged"
-            commit_id = resp.get("commitId") if CONTRACT else f"model-{self.counter}"
+            commit_id = resp.get("commitId")
             assert commit_id, resp
             content = applied(view.content, delta)
             if expect == "either" and view.version in self.versions:
                 self.versions[view.version].ids = frozenset([view.commit_id])
             self.versions[version] = Version(content, frozenset([commit_id]))
             ex.view = View(version, commit_id, content)
-            self.note_commit()
+            ex.held = version
         else:
             allowed = {"ok": (), "stale": ("StaleState",), "either": ("StaleState", "VersionNotFound")}[expect]
             assert resp["kind"] in allowed, f"commit of version {version} ({expect} expected) failed: {resp}"
@@ -318,10 +305,7 @@ class StoreModel(RuleBasedStateMachine):
     def do_commit(self, e: int, changes: dict) -> None:
         ex = self.ex[e]
         view = ex.view
-        if not CONTRACT and self.expect_commit(view) != "ok":
-            self.ensure_view(e, self.head)   # today's worker cannot tell a stale base: load the head as a perfect shim would
-            view = ex.view
-        if CONTRACT and self.grace == "0" and view.version < self.floor:
+        if self.grace == "0" and view.version < self.floor:
             # With no grace period, nothing protects a commit on a base retention may be deleting right now.
             if not self.ensure_view(e, self.head):
                 return
@@ -333,6 +317,11 @@ class StoreModel(RuleBasedStateMachine):
         self.settle_commit(e, view, delta, expect, resp)
 
     # ------------------------------------------------------------------ rules: what Spark does
+
+    @initialize(keep=st.integers(1, 4))
+    def choose_retention(self, keep):
+        """spark.sql.streaming.minBatchesToRetain of this query (the worker keeps at least 2)."""
+        self.keep = keep
 
     @rule(e=executors, back=st.integers(0, 5))
     def load(self, e, back):
@@ -366,16 +355,18 @@ class StoreModel(RuleBasedStateMachine):
         resp, _ = self.call(self.ex[e], self.header("abort", version=max(1, self.head + 1 - back)))
         assert resp["ok"], resp
 
-    @precondition(lambda self: not CONTRACT or any(ex.view is not None for ex in self.ex))
-    @rule(e=executors, keep=st.integers(1, 4), background=st.booleans())
-    def maintenance(self, e, keep, background):
-        """doMaintenance on executor e for the version it holds; compaction and retention run in the background."""
-        e = self.send_maintenance(e, keep)
+    @precondition(lambda self: any(ex.held for ex in self.ex))
+    @rule(e=executors, background=st.booleans())
+    def maintenance(self, e, background):
+        """doMaintenance on executor e around the version it holds; compaction and retention run in the
+        worker's background thread (background=False waits for them)."""
+        e = self.send_maintenance(e)
         if not background:
             self.barrier(e)
 
     @rule(e=executors)
     def wait_for_maintenance(self, e):
+        """Lets executor e's background maintenance finish (so a counterexample replays the same way)."""
         self.barrier(e)
 
     @precondition(lambda self: self.restarts_left > 0)
@@ -385,7 +376,7 @@ class StoreModel(RuleBasedStateMachine):
         self.restart(self.ex[e])
         self.events["executor killed" if executor_dies else "worker killed"] += 1
         if executor_dies:
-            self.ex[e].view = None
+            self.ex[e].view, self.ex[e].held = None, 0
 
     # ------------------------------------------------------------------ rules: crashes and overlaps (fault points)
 
@@ -394,7 +385,7 @@ class StoreModel(RuleBasedStateMachine):
         target = self.head - 1 if recommit and self.head >= 1 else self.head
         return self.ex[e].view if self.ensure_view(e, target) else None
 
-    @precondition(lambda self: CONTRACT and self.restarts_left > 0)
+    @precondition(lambda self: self.restarts_left > 0)
     @rule(e=executors, changes=change_sets, recommit=st.booleans(),
           point=st.sampled_from(["commit-after-data", "commit-after-manifest"]), retry=st.booleans())
     def crash_in_commit(self, e, changes, recommit, point, retry):
@@ -417,14 +408,14 @@ class StoreModel(RuleBasedStateMachine):
             resp, _ = self.call(ex, header, body)
             self.settle_commit(e, view, delta, "ok", resp)
             return
-        ex.view = None
+        ex.view, ex.held = None, 0
         if point == "commit-after-manifest":   # durable, though nobody saw its commit id
             self.versions[view.version + 1] = Version(applied(view.content, delta), frozenset())
 
-    @precondition(lambda self: CONTRACT)
+    @precondition(lambda self: max(self.versions) >= 1)
     @rule(e=executors, other=executors, changes=change_sets, recommit=st.booleans(),
-          meanwhile=st.sampled_from(["maintenance", "abort", "duplicate"]), keep=st.integers(1, 4))
-    def commit_while_another_works(self, e, other, changes, recommit, meanwhile, keep):
+          meanwhile=st.sampled_from(["maintenance", "abort", "duplicate"]))
+    def commit_while_another_works(self, e, other, changes, recommit, meanwhile):
         """A commit held between its data file and its manifest while another executor runs maintenance,
         aborts that version, or commits it too (a speculative copy with the same changes)."""
         q = other if other != e else (e + 1) % EXECUTORS
@@ -434,7 +425,7 @@ class StoreModel(RuleBasedStateMachine):
         if meanwhile == "duplicate":
             if not self.ensure_view(q, view.version):
                 return
-        elif self.ex[q].view is None and not self.ensure_view(q, self.head):
+        elif not self.ex[q].held and not self.ensure_view(q, self.head):   # maintenance on q itself
             return
         ex, other_ex = self.ex[e], self.ex[q]
         delta = self.delta(changes)
@@ -444,7 +435,7 @@ class StoreModel(RuleBasedStateMachine):
         self.wait_fired(ex, "commit-after-data")
         duplicate = None
         if meanwhile == "maintenance":
-            self.barrier(self.send_maintenance(q, keep))
+            self.barrier(self.send_maintenance(q))
         elif meanwhile == "abort":
             resp, _ = self.call(other_ex, self.header("abort", version=view.version + 1))
             assert resp["ok"], resp
@@ -465,18 +456,17 @@ class StoreModel(RuleBasedStateMachine):
             version.ids = version.ids | {duplicate}
             other_ex.view = View(view.version + 1, duplicate, version.content)
 
-    @precondition(lambda self: CONTRACT and self.restarts_left > 0 and any(ex.view is not None for ex in self.ex))
-    @rule(e=executors, keep=st.integers(1, 4))
-    def crash_in_compaction(self, e, keep):
+    @precondition(lambda self: self.restarts_left > 0 and any(ex.held for ex in self.ex))
+    @rule(e=executors)
+    def crash_in_compaction(self, e):
         """The worker dies between writing a compacted snapshot and recording it (if it compacts at all)."""
-        if self.ex[e].view is None:
-            e = next(i for i, ex in enumerate(self.ex) if ex.view is not None)
+        e = self.holder(e)
         self.arm(self.ex[e], "compaction-after-snapshot", "exit")
-        alive = self.barrier(self.send_maintenance(e, keep))
+        alive = self.barrier(self.send_maintenance(e))
         self.events["crash in compaction" if not alive else "crash in compaction armed, no compaction"] += 1
         self.disarm(self.ex[e])
 
-    @precondition(lambda self: CONTRACT and self.grace == "0" and max(self.versions) >= 1)
+    @precondition(lambda self: self.grace == "0" and max(self.versions) >= 1)
     @rule(e=executors)
     def collect_garbage(self, e):
         """Once nothing runs, one maintenance at the head leaves no unreferenced file below the window:
@@ -485,8 +475,8 @@ class StoreModel(RuleBasedStateMachine):
             self.barrier(i)
         if not self.ensure_view(e, self.head):
             return
-        oldest = self.head - 1
-        self.barrier(self.send_maintenance(e, 2))
+        oldest = self.head - max(self.keep, 2) + 1
+        self.barrier(self.send_maintenance(e))
         storage = self.backend.storage(self.root())
         stamps, records, files = self.list_store(storage)
         referenced = set()
@@ -522,19 +512,16 @@ class StoreModel(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ maintenance and its barrier
 
-    def send_maintenance(self, e: int, keep: int) -> int:
+    def holder(self, e: int) -> int:
+        """e, or the first executor that holds a version (a shim that holds none sends no maintenance)."""
+        return e if self.ex[e].held else next(i for i, ex in enumerate(self.ex) if ex.held)
+
+    def send_maintenance(self, e: int) -> int:
+        """Maintenance on (a holder near) e; retention may from now on delete what is below its window."""
+        e = self.holder(e)
         ex = self.ex[e]
-        if CONTRACT and ex.view is None:
-            e = next(i for i, x in enumerate(self.ex) if x.view is not None)
-            ex = self.ex[e]
-        header = self.header("maintenance", minVersionsToRetain=keep)
-        if CONTRACT:
-            header["version"] = ex.view.version
-            self.raise_floor(ex.view.version - max(keep, 2) + 1)
-        else:
-            ex.pending_keeps.add(keep)
-            self.raise_floor(self.head - keep + 1)
-        resp, _ = self.call(ex, header)
+        self.raise_floor(ex.held - max(self.keep, 2) + 1)
+        resp, _ = self.call(ex, self.header("maintenance", minVersionsToRetain=self.keep, version=ex.held))
         assert resp["ok"], resp
         return e
 
@@ -552,25 +539,21 @@ class StoreModel(RuleBasedStateMachine):
                 self._barrier_commit(ex, partition, max(ids, default=0) + 1)
             newest = max(ids) + 1
             self._barrier_commit(ex, partition, newest)
-            header = self.header("maintenance", partition, minVersionsToRetain=2 if CONTRACT else 1)
-            if CONTRACT:
-                header["version"] = newest
+            header = self.header("maintenance", partition, minVersionsToRetain=2, version=newest)
             resp, _ = self.connection(ex).request(header)
             assert resp["ok"], resp
         except WorkerGone:
             self.restart(ex)
             return False
-        lowest_kept = newest - 1 if CONTRACT else newest
-        storage = None
+        lowest_kept = newest - 1
+        storage = self.backend.storage(self.root(partition))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not ex.worker.alive():
                 self.restart(ex)
                 return False
-            storage = storage or self.backend.storage(self.root(partition))
             storage.fs.invalidate_cache()
-            if min(storage.list_versions(), default=lowest_kept) >= lowest_kept:
-                ex.pending_keeps.clear()
+            if min(self.list_store(storage, partition)[0], default=lowest_kept) >= lowest_kept:
                 for v in [v for v in ids if v < lowest_kept]:
                     del ids[v]
                 return True
@@ -598,11 +581,10 @@ class StoreModel(RuleBasedStateMachine):
             if v == 0 or v < self.floor:
                 continue
             assert v in manifests, f"acknowledged version {v} (floor {self.floor}) is gone from storage"
-            if CONTRACT:
-                stored = manifests[v][1].commit_id
-                assert not expected.ids or stored in expected.ids, \
-                    f"version {v} in storage has commit id {stored}, acknowledged {set(expected.ids)}"
-                expected.ids = frozenset([stored])
+            stored = manifests[v][1].commit_id
+            assert not expected.ids or stored in expected.ids, \
+                f"version {v} in storage has commit id {stored}, acknowledged {set(expected.ids)}"
+            expected.ids = frozenset([stored])
         for v, (raw, manifest) in manifests.items():
             if self.grace == "0" and v < self.floor:
                 continue
@@ -640,10 +622,10 @@ class StoreModel(RuleBasedStateMachine):
             record = self._record_cache[(version, stamp)] = CompactionRecord.from_json(data, f"chk-{version}/_snapshot")
         return record if record.commit_id == manifest.commit_id else None
 
-    def list_store(self, storage) -> tuple[dict[int, str], dict[int, str], set[str]]:
+    def list_store(self, storage, partition: int = 0) -> tuple[dict[int, str], dict[int, str], set[str]]:
         """(manifests, compaction records, data files) from one recursive listing (spark_state's own
         listing globs chk-*/ one prefix at a time: a LIST per version on S3)."""
-        path = storage.fs._strip_protocol(self.root()).rstrip("/")
+        path = storage.fs._strip_protocol(self.root(partition)).rstrip("/")
         try:
             found = storage.fs.find(path, detail=True)
         except FileNotFoundError:
@@ -658,7 +640,7 @@ class StoreModel(RuleBasedStateMachine):
             else:
                 stamp = ":".join(str(info.get(k)) for k in ("size", "mtime", "ino", "ETag", "LastModified"))
                 (manifests if m.group(2) == "_metadata" else records)[int(m.group(1))] = stamp
-        return manifests, (records if CompactionRecord is not None else {}), files
+        return manifests, records, files
 
     def _read_manifests(self, storage, stamps: dict[int, str]) -> dict[int, tuple[bytes, Manifest]]:
         out = {}
