@@ -258,3 +258,31 @@ def test_idle_stores_are_evicted_from_a_long_lived_worker(tmp_path, monkeypatch)
     again = open_store(ref(1), settings)
     assert again is not first and as_dict(again.load(1)) == {KEYS[0]: b"a"}, "eviction lost nothing"
     forget_stores()
+
+
+def test_a_process_reads_what_another_process_wrote_after_its_listing_on_s3():
+    """Found by the model test: a worker's maintenance lists shared/ (fsspec caches the listing in the
+    worker's filesystem object, forever), another executor then commits a version, and a load of that
+    version in the first worker failed with "state file ... is missing": s3fs looked the new delta up in
+    the cached listing instead of asking S3. Storage is the only truth between processes."""
+    import uuid
+
+    from tests import s3_server
+
+    s3_server.start()
+    bucket = f"ckpt-{uuid.uuid4().hex[:8]}"
+    s3_server.make_bucket(bucket)
+    root = f"s3://{bucket}/store"
+    settings = Settings(max_parallelism=M, snapshot_interval=2, file_grace_period=0)
+    a = VersionedStore(FileSystemCheckpointStorage(root), settings)   # a worker: fsspec's shared instance
+    b = VersionedStore(FileSystemCheckpointStorage(root, skip_instance_cache=True), settings)   # another process
+    first = a.commit(1, changes({KEYS[0]: b"a"})).commit_id
+    a.maintenance(2, version=1)                                     # lists shared/
+    second = b.commit(2, changes({KEYS[1]: b"b"}), base_commit_id=first).commit_id
+    loaded = a.load_checked(2)
+    assert loaded.commit_id == second and as_dict(loaded.table) == {KEYS[0]: b"a", KEYS[1]: b"b"}
+    b.commit(3, changes({KEYS[2]: b"c"}), base_commit_id=second)
+    b.maintenance(2, version=3)                                     # compacts 3: a record a has never listed
+    a.maintenance(2, version=3)
+    assert as_dict(a.load(3)) == {KEYS[0]: b"a", KEYS[1]: b"b", KEYS[2]: b"c"}
+    assert_files_of_kept_versions_exist(a)

@@ -45,6 +45,10 @@ class FileSystemCheckpointStorage(CheckpointStorage):
 
     def __init__(self, root: str, *, fsync: bool = True, **storage_options):
         super().__init__(root)
+        # Other processes write this store: fsspec's listings cache (kept for the life of the worker's
+        # filesystem object) would hide their files from reads and listings here (s3fs looks a file up
+        # in a cached listing of its directory before asking S3). Storage is the only shared truth.
+        storage_options.setdefault("use_listings_cache", False)
         try:
             self.fs, path = fsspec.core.url_to_fs(root, **storage_options)
         except (ValueError, ImportError) as err:
