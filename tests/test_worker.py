@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from spark_state.state import CHANGES_SCHEMA
-from spark_state.worker.protocol import ipc_to_table, table_to_ipc
+from spark_state.worker.protocol import ipc_to_table, read_frame, table_to_ipc
 from tests.worker_client import Worker
 
 
@@ -115,24 +116,24 @@ def test_worker_exits_when_its_parent_is_killed(tmp_path):
 
 def test_commit_ids_guard_against_stale_views(worker, tmp_path):
     """The protocol of docs/consistency.md: load tells the commit id, commit checks its base's."""
-    _, stream, _ = worker.connect()
+    conn = worker.connect()
     base = {"store": {**_store(tmp_path), "queryId": "q-1"}, "options": {"storage": "filesystem"}}
-    first, _ = request(stream, {"op": "commit", "version": 1, "baseCommitId": None, **base},
+    first, _ = conn.request({"op": "commit", "version": 1, "baseCommitId": None, **base},
                        table_to_ipc(_changes([(b"a", b"1")])))
     assert first["ok"] and first["commitId"] and first["maintenanceFailures"] == 0
-    same, body = request(stream, {"op": "load", "version": 1, "commitId": first["commitId"], **base})
+    same, body = conn.request({"op": "load", "version": 1, "commitId": first["commitId"], **base})
     assert same == {"ok": True, "unchanged": True, "commitId": first["commitId"]} and body == b""
-    retried, _ = request(stream, {"op": "commit", "version": 1, "baseCommitId": None, **base},
+    retried, _ = conn.request({"op": "commit", "version": 1, "baseCommitId": None, **base},
                          table_to_ipc(_changes([(b"a", b"2")])))
-    stale, _ = request(stream, {"op": "commit", "version": 2, "baseCommitId": first["commitId"], **base},
+    stale, _ = conn.request({"op": "commit", "version": 2, "baseCommitId": first["commitId"], **base},
                        table_to_ipc(_changes([(b"bb", b"3")])))
     assert not stale["ok"] and stale["kind"] == "StaleState", stale
-    fresh, body = request(stream, {"op": "load", "version": 1, "commitId": first["commitId"], **base})
+    fresh, body = conn.request({"op": "load", "version": 1, "commitId": first["commitId"], **base})
     assert fresh["commitId"] == retried["commitId"] and ipc_to_table(body)["value"].to_pylist() == [b"2"]
-    ok, _ = request(stream, {"op": "commit", "version": 2, "baseCommitId": retried["commitId"], **base},
+    ok, _ = conn.request({"op": "commit", "version": 2, "baseCommitId": retried["commitId"], **base},
                     table_to_ipc(_changes([(b"bb", b"3")])))
     assert ok["ok"], ok
-    queued, _ = request(stream, {"op": "maintenance", "version": 2, "minVersionsToRetain": 2, **base})
+    queued, _ = conn.request({"op": "maintenance", "version": 2, "minVersionsToRetain": 2, **base})
     assert queued["ok"] and "maintenanceFailures" in queued
 
 
