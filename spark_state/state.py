@@ -370,12 +370,23 @@ class VersionedStore:
         try:
             self._check_parallelism(manifest)
             wanted = None if key_groups is None else as_key_group_array(key_groups, manifest.max_parallelism)
-            tables = [self._read(entry, wanted) for entry in chain]
+            try:
+                tables = [self._read(entry, wanted) for entry in chain]
+            except StorageError:
+                self._raise_if_dropped(version)
+                raise
             if len(tables) == 1 and chain[0].kind == SNAPSHOT:
                 return Loaded(tables[0], manifest.commit_id)
             return Loaded(merge_chain(tables, ordered=ordered), manifest.commit_id)
         finally:
             self._unpin(f.path for f in chain)
+
+    def _raise_if_dropped(self, version: int) -> None:
+        """A file went missing under a load because retention dropped the version meanwhile: say so."""
+        try:
+            self.storage.read_manifest(version)
+        except VersionNotFound:
+            raise self.storage.version_not_found(version) from None
 
     def _read(self, entry: FileEntry, key_groups: np.ndarray | None) -> pa.Table:
         verify = self.settings.verify_checksums
