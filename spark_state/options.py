@@ -119,6 +119,7 @@ class Settings:
     verify_checksums: bool = True
     file_grace_period: float = 300.0
     fsync: bool = True
+    savepoint_dir: str | None = None
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> "Settings":
@@ -164,6 +165,7 @@ _SPECS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "verifyChecksums": ("verify_checksums", _bool),
     "fileGracePeriod": ("file_grace_period", _duration),
     "fsync": ("fsync", _bool),
+    "savepointDir": ("savepoint_dir", _url),
 }
 
 #: Short option name -> one-line description, for the README and conf/.
@@ -180,6 +182,7 @@ DESCRIPTIONS = {
     "fileGracePeriod": ("How long a worker must see a state file unreferenced by every retained version before "
                         "deleting it (e.g. 0, 30s, 5m). Default 5m."),
     "fsync": "fsync state files, manifests and their directories on local disks before a commit returns. Default true.",
+    "savepointDir": "Where spark_state.savepoint() and 'spark-state savepoint' put savepoints by default. Default: none.",
 }
 
 assert set(DESCRIPTIONS) == set(_SPECS)

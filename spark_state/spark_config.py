@@ -26,6 +26,7 @@ KEYWORDS = {
     "verify_checksums": "verifyChecksums",
     "file_grace_period": "fileGracePeriod",
     "fsync": "fsync",
+    "savepoint_dir": "savepointDir",
 }
 
 

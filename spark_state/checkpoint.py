@@ -1,0 +1,303 @@
+"""A Spark checkpoint directory as the lifecycle tools see it: the query, its batches, its
+stateful operators and the spark_state stores that hold their state.
+
+Batch ``b`` of a query reads state version ``b`` and commits version ``b + 1``,
+so the state *at* committed batch ``b`` is version ``b + 1`` of every store.
+A batch is restorable when Spark committed it (``commits/b``), its offsets
+are still logged (``offsets/b``) and every store still has version ``b + 1``
+(retention keeps ``spark.sql.streaming.minBatchesToRetain`` of them).
+
+Stores live in Spark's state directory of each store
+(``state/<op>/<partition>[/<storeName>]``) unless the query set
+``checkpointRoot``; then pass the same option in ``settings`` so the tools
+look where the worker wrote.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import Mapping
+
+from spark_state import PROVIDER_CLASS
+from spark_state.errors import SparkStateError, VersionNotFound
+from spark_state.location import Dir
+from spark_state.manifest import Manifest
+from spark_state.options import PREFIX, Settings
+from spark_state.sparklog import (
+    PROVIDER_CLASS_CONF, SHUFFLE_PARTITIONS, STATE_PARTITIONS, CheckpointError, OffsetSeq, OperatorMetadata,
+    batch_of, parse_commit, parse_query_id,
+)
+from spark_state.state import StoreRef, VersionedStore
+from spark_state.storage import resolve_root, storage_for
+from spark_state.storage.base import manifest_path
+
+DEFAULT_STORE = "default"
+#: Names inside a store directory that belong to spark_state (everything else there is Spark's).
+STORE_ENTRIES = ("chk-", "shared")
+
+
+@dataclass(frozen=True, order=True)
+class StoreId:
+    """One state store of a query: (operator, partition, store name)."""
+
+    operator: int
+    partition: int
+    name: str = DEFAULT_STORE
+
+    def __str__(self) -> str:
+        return f"operator {self.operator}, partition {self.partition}" + (
+            "" if self.name == DEFAULT_STORE else f", store {self.name}")
+
+    @property
+    def rel(self) -> str:
+        """Spark's directory of this store relative to the checkpoint: ``state/<op>/<p>[/<name>]``."""
+        return f"state/{self.operator}/{self.partition}" + ("" if self.name == DEFAULT_STORE else f"/{self.name}")
+
+
+@dataclass(frozen=True)
+class Operator:
+    id: int
+    name: str
+    stores: tuple[str, ...]
+    metadata: OperatorMetadata | None
+
+
+def settings_from(options: Mapping[str, str] | Settings | None) -> Settings:
+    """Settings from spark_state options (full Spark keys or short names), or defaults."""
+    if isinstance(options, Settings):
+        return options
+    return Settings.from_conf(dict(options or {}))
+
+
+def spark_state_root(checkpoint: Dir) -> str:
+    """The state root string Spark hands the provider (``StateStoreId.checkpointRootLocation``):
+    Hadoop's qualified path of ``<checkpoint>/state``, ``file:/abs/path/state`` for a local directory."""
+    if checkpoint.local:
+        return "file:" + checkpoint.full("state")
+    return checkpoint.url_of("state")
+
+
+def store_ref(checkpoint: Dir, sid: StoreId) -> StoreRef:
+    """The StoreRef the worker gets for `sid` of the query whose checkpointLocation is `checkpoint`."""
+    return StoreRef(spark_root=spark_state_root(checkpoint), location=checkpoint.url_of(sid.rel),
+                    operator=sid.operator, partition=sid.partition, name=sid.name)
+
+
+def store_root(checkpoint: Dir, sid: StoreId, settings: Settings) -> str:
+    """URL of the directory that holds the store's manifests and files (see resolve_root)."""
+    return resolve_root(store_ref(checkpoint, sid), settings)
+
+
+class SparkCheckpoint:
+    """Reads one checkpoint directory (``checkpointLocation``); nothing here writes."""
+
+    def __init__(self, location: str | Dir, options: Mapping[str, str] | Settings | None = None):
+        self.dir = location if isinstance(location, Dir) else Dir(location)
+        self.settings = settings_from(options)
+        if not self.dir.exists("metadata") and not self.dir.exists("offsets"):
+            raise CheckpointError(
+                f"{self.dir.url} is not a Spark checkpoint: it has neither 'metadata' nor 'offsets/'. Pass the "
+                f"checkpointLocation of a streaming query that has run at least once."
+            )
+
+    def __repr__(self) -> str:
+        return f"SparkCheckpoint({self.dir.url!r})"
+
+    @property
+    def url(self) -> str:
+        return self.dir.url
+
+    # ------------------------------------------------------------- Spark's logs
+
+    @cached_property
+    def query_id(self) -> str:
+        try:
+            return parse_query_id(self.dir.read("metadata"), self.dir.url_of("metadata"))
+        except FileNotFoundError:
+            raise CheckpointError(f"{self.dir.url_of('metadata')} is missing; the checkpoint has no query id. "
+                                  f"It is incomplete (a restore that did not finish?).") from None
+
+    def _log_batches(self, log: str) -> list[int]:
+        return sorted({b for name in self.dir.listdir(log) if (b := batch_of(name)) is not None
+                       and not name.endswith(".compact")})
+
+    @cached_property
+    def offset_batches(self) -> list[int]:
+        return self._log_batches("offsets")
+
+    @cached_property
+    def committed_batches(self) -> list[int]:
+        return self._log_batches("commits")
+
+    @property
+    def last_batch(self) -> int | None:
+        return self.offset_batches[-1] if self.offset_batches else None
+
+    @property
+    def last_committed(self) -> int | None:
+        return self.committed_batches[-1] if self.committed_batches else None
+
+    def offsets(self, batch: int) -> OffsetSeq:
+        rel = f"offsets/{batch}"
+        try:
+            return OffsetSeq.parse(self.dir.read(rel), self.dir.url_of(rel))
+        except FileNotFoundError:
+            raise CheckpointError(f"{self.dir.url_of(rel)} is missing: batch {batch} is not in the offset log "
+                                  f"(batches logged: {_ranges(self.offset_batches)}).") from None
+
+    def commit(self, batch: int) -> dict:
+        rel = f"commits/{batch}"
+        try:
+            return parse_commit(self.dir.read(rel), self.dir.url_of(rel))
+        except FileNotFoundError:
+            raise CheckpointError(f"batch {batch} of {self.dir.url} was not committed (no {rel}); committed "
+                                  f"batches: {_ranges(self.committed_batches)}.") from None
+
+    def num_partitions(self, batch: int) -> int:
+        """The state partition count Spark pinned for `batch` (the internal conf where set, else shuffle partitions)."""
+        conf = self.offsets(batch).conf
+        raw = conf.get(STATE_PARTITIONS, conf.get(SHUFFLE_PARTITIONS))
+        if raw is None:
+            raise CheckpointError(f"offsets/{batch} of {self.dir.url} does not record the partition count; it "
+                                  f"was written by a Spark older than 2.1.")
+        return int(raw)
+
+    def provider(self, batch: int) -> str | None:
+        return self.offsets(batch).conf.get(PROVIDER_CLASS_CONF)
+
+    def require_spark_state(self, batch: int) -> None:
+        provider = self.provider(batch)
+        if provider != PROVIDER_CLASS:
+            raise CheckpointError(
+                f"{self.dir.url} is not a spark_state checkpoint: its offset log pins the state store provider "
+                f"{provider or 'of Spark (HDFSBackedStateStoreProvider)'}, not {PROVIDER_CLASS}. spark_state's "
+                f"tools work on queries that ran with spark_state.configure(...)."
+            )
+
+    def committed(self, batch: int | None = None) -> int:
+        """`batch` if it was committed, else the latest committed batch; CheckpointError when there is none."""
+        if batch is None:
+            if self.last_committed is None:
+                raise CheckpointError(f"{self.dir.url} has no committed batch; run the query until it completes "
+                                      f"a batch first.")
+            return self.last_committed
+        if batch < 0:
+            raise CheckpointError(f"batch {batch} is negative; batches start at 0.")
+        if batch not in self.committed_batches:
+            raise CheckpointError(f"batch {batch} of {self.dir.url} is not committed; committed batches still "
+                                  f"logged: {_ranges(self.committed_batches)}.")
+        return batch
+
+    # ------------------------------------------------------------- operators and stores
+
+    @cached_property
+    def operators(self) -> list[Operator]:
+        out = []
+        for name in self.dir.listdir("state"):
+            if not name.isdigit():
+                continue
+            op = int(name)
+            meta = None
+            rel = f"state/{op}/_metadata/metadata"
+            try:
+                meta = OperatorMetadata.parse(self.dir.read(rel), self.dir.url_of(rel))
+            except FileNotFoundError:
+                pass
+            if meta is not None:
+                out.append(Operator(op, meta.name, meta.stores, meta))
+            else:
+                out.append(Operator(op, "unknown", self._store_names_on_disk(op), None))
+        return sorted(out, key=lambda o: o.id)
+
+    def _store_names_on_disk(self, op: int) -> tuple[str, ...]:
+        names: set[str] = set()
+        for part in self.dir.listdir(f"state/{op}"):
+            if not part.isdigit():
+                continue
+            entries = self.dir.listdir(f"state/{op}/{part}")
+            if any(e.startswith(STORE_ENTRIES) for e in entries):
+                names.add(DEFAULT_STORE)
+            names.update(e for e in entries if not e.startswith(STORE_ENTRIES) and not e.startswith(("_", ".")))
+        return tuple(sorted(names)) or (DEFAULT_STORE,)
+
+    def stores(self, batch: int) -> list[StoreId]:
+        """Every store of every operator for the partition count of `batch`."""
+        n = self.num_partitions(batch)
+        return [StoreId(op.id, p, name) for op in self.operators for name in op.stores for p in range(n)]
+
+    def store_ref(self, sid: StoreId) -> StoreRef:
+        return store_ref(self.dir, sid)
+
+    def store_root(self, sid: StoreId) -> str:
+        return store_root(self.dir, sid, self.settings)
+
+    def store(self, sid: StoreId) -> VersionedStore:
+        """The store as the worker would open it, with the max parallelism its manifests record.
+
+        Memory storage cannot be read from another process: a clear error says so.
+        """
+        if self.settings.storage != "filesystem":
+            raise CheckpointError(
+                f"{PREFIX}storage={self.settings.storage}: memory storage keeps state in the worker process, "
+                f"so it cannot be read, copied or rescaled from outside. Use storage=filesystem for state you "
+                f"want to operate on."
+            )
+        ref = self.store_ref(sid)
+        storage = storage_for(ref, self.settings)
+        settings = self.settings
+        versions = storage.list_versions()
+        if versions:
+            manifest = Manifest.from_json(storage.read_manifest(versions[-1]), f"{storage.root}/{manifest_path(versions[-1])}")
+            settings = replace(settings, max_parallelism=manifest.max_parallelism)
+        return VersionedStore(storage, settings, name=f"{storage.root} ({sid})")
+
+    def manifest(self, sid: StoreId, version: int) -> Manifest:
+        store = self.store(sid)
+        try:
+            return store._read_manifest(version)
+        except VersionNotFound as err:
+            raise VersionNotFound(f"{err} {self.where_hint()}") from None
+
+    def where_hint(self) -> str:
+        """Where the tools looked for stores, and how to point them elsewhere."""
+        if self.settings.checkpoint_root is None:
+            return (f"If the query set {PREFIX}checkpointRoot, pass the same value (CLI: --conf "
+                    f"{PREFIX}checkpointRoot=...).")
+        return f"(looked under {PREFIX}checkpointRoot={self.settings.checkpoint_root})"
+
+    def versions(self, sid: StoreId) -> list[int]:
+        return self.store(sid).versions()
+
+    def restorable_batches(self) -> list[int]:
+        """Committed batches whose offsets and every store's version b + 1 are still retained."""
+        candidates = [b for b in self.committed_batches if b in set(self.offset_batches)]
+        if not candidates:
+            return []
+        by_count: dict[int, list[StoreId]] = {}
+        out = []
+        kept: dict[StoreId, set[int]] = {}
+        for b in candidates:
+            try:
+                n = self.num_partitions(b)
+                if self.provider(b) != PROVIDER_CLASS:
+                    continue
+            except SparkStateError:
+                continue
+            sids = by_count.setdefault(n, self.stores(b))
+            ok = True
+            for sid in sids:
+                if sid not in kept:
+                    kept[sid] = set(self.versions(sid))
+                if b + 1 not in kept[sid]:
+                    ok = False
+                    break
+            if ok:
+                out.append(b)
+        return out
+
+
+def _ranges(values: list[int]) -> str:
+    from spark_state.storage.base import format_versions
+
+    return format_versions(values)

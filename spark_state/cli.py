@@ -1,0 +1,264 @@
+"""``spark-state``: operate on spark_state checkpoints and savepoints without a Spark session.
+
+    spark-state ls        LOCATION                 batches, operators, stores, versions, bytes
+    spark-state inspect   LOCATION -o OP -p PART   one store: rows, key-group histogram, chain of files
+    spark-state validate  LOCATION                 every named file exists and matches its checksum
+    spark-state export    LOCATION OUTPUT          state of a batch as Parquet
+    spark-state savepoint LOCATION [--target DIR]  a self-contained savepoint of a batch
+    spark-state restore   SOURCE TARGET [--batch]  a new checkpoint that resumes at a batch
+    spark-state rescale   LOCATION N               change the partition count, metadata only
+
+LOCATION is a path or an fsspec URL (file://, s3://, ...). Every command takes
+``--json`` (one JSON document on stdout), ``--conf KEY=VALUE`` (the query's
+spark_state options, e.g. its ``checkpointRoot``) and ``--no-progress``.
+Exit status: 0 done, 1 validate found problems, 2 the command could not run
+(the message says why and what to do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Callable
+
+from spark_state.errors import SparkStateError
+from spark_state.options import OptionError
+
+EXIT_OK, EXIT_INVALID, EXIT_ERROR = 0, 1, 2
+
+
+def _conf(values: list[str]) -> dict[str, str]:
+    out = {}
+    for item in values or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise OptionError(f"--conf {item!r} is not KEY=VALUE; e.g. --conf "
+                              f"spark.sql.streaming.stateStore.sparkState.checkpointRoot=s3://bucket/state")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    common.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a spark_state option of the query (full key or short name), repeatable")
+    common.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+
+    parser = argparse.ArgumentParser(prog="spark-state", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("ls", parents=[common], help="batches, operators, stores, versions and bytes")
+    p.add_argument("location", help="checkpoint location or savepoint directory")
+
+    p = sub.add_parser("inspect", parents=[common], help="one store: rows, key-group histogram, chain of files")
+    p.add_argument("location")
+    p.add_argument("-o", "--operator", type=int, required=True)
+    p.add_argument("-p", "--partition", type=int, required=True)
+    p.add_argument("-s", "--store", default="default", help="store name (joins have four); default 'default'")
+    at = p.add_mutually_exclusive_group()
+    at.add_argument("--batch", type=int, help="the state of this committed batch (default: the latest)")
+    at.add_argument("--version", type=int, help="this store version (= batch + 1)")
+
+    p = sub.add_parser("validate", parents=[common], help="every referenced file exists and matches its checksum")
+    p.add_argument("location", help="checkpoint location or savepoint directory")
+    p.add_argument("--batch", type=int, help="check only the state of this batch (default: every retained version)")
+
+    p = sub.add_parser("export", parents=[common], help="state of a batch as Parquet")
+    p.add_argument("location")
+    p.add_argument("output", help="new or empty directory")
+    p.add_argument("--batch", type=int, help="committed batch (default: the latest)")
+    p.add_argument("-o", "--operator", type=int, action="append", help="only this operator (repeatable)")
+
+    p = sub.add_parser("savepoint", parents=[common], help="a self-contained savepoint of a committed batch")
+    p.add_argument("location")
+    p.add_argument("--target", help="directory for savepoint-<id>-<random>/ (default: the savepointDir option)")
+    p.add_argument("--batch", type=int, help="committed batch (default: the latest)")
+
+    p = sub.add_parser("restore", parents=[common], help="a new checkpoint that resumes after a batch")
+    p.add_argument("source", help="savepoint directory or checkpoint location")
+    p.add_argument("target", help="new or empty checkpoint location")
+    p.add_argument("--batch", type=int, help="retained batch of a checkpoint source (default: the latest)")
+
+    p = sub.add_parser("rescale", parents=[common], help="change the partition count (metadata only)")
+    p.add_argument("location")
+    p.add_argument("num_partitions", type=int)
+    return parser
+
+
+# ------------------------------------------------------------------ rendering
+
+def _console():
+    from rich.console import Console
+
+    return Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _show_ls(r: dict) -> None:
+    from rich.table import Table
+
+    from spark_state.storage.base import format_versions
+
+    con = _console()
+    if r["kind"] == "savepoint":
+        con.print(f"savepoint {r['location']}\n  query {r['query_id']}, batch {r['batch']} "
+                  f"(resumes with batch {r['batch'] + 1}), {r['num_partitions']} partitions, "
+                  f"{r['files']} files, {_human(r['bytes'])}\n  taken from {r['source']}")
+        return
+    b = r["batches"]
+    con.print(f"checkpoint {r['location']}\n  query {r['query_id']}\n  provider {r['provider']}")
+    con.print(f"  batches: offsets {format_versions(b['offsets'])}; committed {format_versions(b['committed'])}; "
+              f"restorable {format_versions(b['restorable'])}")
+    con.print(f"  partitions: {r['num_partitions']}")
+    for op in r["operators"]:
+        con.print(f"operator {op['id']} ({op['name']}): stores {', '.join(op['stores'])}")
+        if not op.get("partitions"):
+            continue
+        table = Table(box=None, pad_edge=False)
+        for col in ("store", "partition", "versions", "files", "bytes"):
+            table.add_column(col, justify="right" if col in ("partition", "files", "bytes") else "left")
+        for s in op["partitions"]:
+            table.add_row(s["name"], str(s["partition"]), format_versions(s["versions"]), str(s["files"]),
+                          _human(s["bytes"]))
+        con.print(table)
+
+
+def _show_inspect(r: dict) -> None:
+    from rich.table import Table
+
+    con = _console()
+    kg = r["key_groups"]
+    con.print(f"store operator {r['operator']}, partition {r['partition']}, {r['store']}: version {r['version']} "
+              f"(batch {r['batch']}), {r['rows']} rows in {kg['key_groups_with_rows']} of {kg['max_parallelism']} "
+              f"key groups\n  {r['root']}")
+    chain = Table(title="chain (oldest first)", box=None, pad_edge=False, title_justify="left")
+    for col in ("kind", "version", "rows", "bytes", "checksum", "path"):
+        chain.add_column(col)
+    for f in r["chain"]:
+        chain.add_row(f["kind"], str(f["version"]), str(f["rows"]), _human(f["bytes"]), f["checksum"], f["path"])
+    con.print(chain)
+    rows = kg["rows_per_key_group"]
+    con.print(f"rows per non-empty key group: min {rows['min']}, mean {rows['mean']:.1f}, max {rows['max']}")
+    top = max((bk["rows"] for bk in kg["buckets"]), default=0) or 1
+    hist = Table(title="key-group histogram", box=None, pad_edge=False, title_justify="left")
+    for col in ("key groups", "groups with rows", "rows", ""):
+        hist.add_column(col, justify="right" if col != "" else "left")
+    for bk in kg["buckets"]:
+        hist.add_row(f"{bk['from']}-{bk['to']}", str(bk["key_groups"]), str(bk["rows"]),
+                     "█" * max(0, round(40 * bk["rows"] / top)))
+    con.print(hist)
+
+
+def _show_validate(r) -> None:
+    con = _console()
+    if r.ok:
+        con.print(f"ok: {r.kind} {r.location}: {r.files} files, {_human(r.bytes)} checked")
+        return
+    for p in r.problems:
+        print(f"BAD {p.file}: {p.message}", file=sys.stderr)
+    con.print(f"{len(r.problems)} problem(s) in {r.kind} {r.location} ({r.files} files checked fine)")
+
+
+# ------------------------------------------------------------------ commands
+
+def _run(args) -> tuple[object, Callable[[object], None], int]:
+    from spark_state.lifecycle.progress import for_terminal
+
+    options = _conf(args.conf)
+    progress = for_terminal(not args.no_progress)
+    if args.command == "ls":
+        from spark_state.lifecycle.overview import overview
+
+        return overview(args.location, options=options, progress=progress), _show_ls, EXIT_OK
+    if args.command == "inspect":
+        from spark_state.lifecycle.overview import store_report
+
+        r = store_report(args.location, args.operator, args.partition, args.store, batch=args.batch,
+                         version=args.version, options=options)
+        return r, _show_inspect, EXIT_OK
+    if args.command == "validate":
+        from spark_state.lifecycle.validate import validate
+
+        r = validate(args.location, batch=args.batch, options=options, progress=progress)
+        return r, _show_validate, EXIT_OK if r.ok else EXIT_INVALID
+    if args.command == "export":
+        from spark_state.lifecycle.export import export
+
+        r = export(args.location, args.output, batch=args.batch, operators=args.operator, options=options,
+                   progress=progress)
+        return r, lambda r: print(f"exported batch {r.batch}: {r.rows} rows in {r.files} Parquet files under "
+                                  f"{r.output}"), EXIT_OK
+    if args.command == "savepoint":
+        from spark_state.lifecycle.savepoint import read_savepoint, savepoint
+
+        url = savepoint(args.location, args.target, batch=args.batch, options=options, progress=progress)
+        meta = read_savepoint(url)
+        r = {"savepoint": url, "query_id": meta.query_id, "batch": meta.batch, "files": len(meta.files),
+             "bytes": sum(f.size for f in meta.files)}
+        return r, lambda r: print(r["savepoint"]), EXIT_OK
+    if args.command == "restore":
+        from spark_state.lifecycle.restore import restore
+
+        r = restore(args.source, args.target, args.batch, options=options, progress=progress)
+        return r, lambda r: print(f"restored batch {r.batch} of {r.source} into {r.location} (new query id "
+                                  f"{r.query_id}); start the query there to resume with batch {r.batch + 1}"), EXIT_OK
+    if args.command == "rescale":
+        from spark_state.lifecycle.rescale import rescale
+
+        r = rescale(args.location, args.num_partitions, options=options, progress=progress)
+        return r, lambda r: print(f"rescaled {r.location} from {r.old_partitions} to {r.new_partitions} partitions "
+                                  f"at batch {r.batch} ({r.manifests} manifests, {_human(r.bytes_written)} written, "
+                                  f"{r.seconds:.2f} s); restart the query to run with {r.new_partitions}"), EXIT_OK
+    raise AssertionError(args.command)
+
+
+def _jsonable(value):
+    import dataclasses
+
+    if dataclasses.is_dataclass(value):
+        out = {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if hasattr(value, "ok"):
+            out["ok"] = value.ok
+        return out
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    started = time.perf_counter()
+    try:
+        result, show, code = _run(args)
+    except (SparkStateError, OptionError) as err:
+        if args.json:
+            print(json.dumps({"ok": False, "command": args.command, "kind": type(err).__name__, "error": str(err)}))
+        print(f"spark-state {args.command}: error: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    if args.json:
+        body = _jsonable(result)
+        if isinstance(body, dict):
+            body.setdefault("ok", True)
+            body["seconds"] = round(time.perf_counter() - started, 3)
+        print(json.dumps(body, default=str))
+    else:
+        show(result)
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

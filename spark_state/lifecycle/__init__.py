@@ -1,0 +1,6 @@
+"""Operating on checkpoints: savepoint, restore, rescale, validate, export (see the CLI, spark_state.cli)."""
+
+from spark_state.lifecycle.restore import Restored, restore
+from spark_state.lifecycle.savepoint import read_savepoint, savepoint
+
+__all__ = ["Restored", "read_savepoint", "restore", "savepoint"]

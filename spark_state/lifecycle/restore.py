@@ -1,0 +1,112 @@
+"""Restore (Flink's ``flink run -s``): a new checkpoint location that resumes exactly at a batch.
+
+The source is a savepoint, or a checkpoint and one of its retained batches
+(roll back). The target must be new or empty: a restore never overwrites a
+checkpoint. Starting the same query on the target resumes after the batch:
+Spark reads the offsets and commits up to it, and every store's version
+``batch + 1`` is there.
+
+**The restored checkpoint gets a new query id.** Spark resumes from the
+offset and commit logs, not from the id (``metadata`` only names the query),
+so nothing needs the old one; a new one makes the restored checkpoint a
+timeline of its own, as a restored Flink savepoint is a new job: two queries
+with one id in one session would stop each other
+(``spark.sql.streaming.stopActiveRunOnRestart``), and spark_state keys its
+stores by the checkpoint's identity.
+
+Files are written in an order that makes an interrupted restore fail loudly
+instead of resuming wrong: all offsets first, then state, source logs and
+commits, and ``metadata`` last. Spark then finds either nothing (and starts
+from batch 0, correctly) or offsets without the state or commits they need
+(and stops with a missing-version error). Delete the target and run restore
+again after an interruption.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, replace
+from typing import Mapping
+
+from spark_state.checkpoint import SparkCheckpoint, settings_from, store_root
+from spark_state.lifecycle.cut import Item, checkpoint_cut, copy_items, split_store_path
+from spark_state.lifecycle.progress import Progress
+from spark_state.lifecycle.savepoint import is_savepoint, read_savepoint
+from spark_state.location import Dir
+from spark_state.options import Settings
+from spark_state.sparklog import CheckpointError, query_metadata
+
+
+@dataclass(frozen=True)
+class Restored:
+    location: str
+    query_id: str        # the new checkpoint's query id
+    batch: int           # the query resumes with batch + 1
+    source: str
+    source_query_id: str
+    files: int
+    bytes: int
+
+    def __str__(self) -> str:
+        return self.location
+
+
+def _require_empty(target: Dir, what: str) -> None:
+    if not target.is_empty():
+        example = next(iter(sorted(target.files())), "")
+        raise CheckpointError(
+            f"refusing to restore into {target.url}: {what} already holds files (e.g. {example}). Restore writes "
+            f"a new checkpoint and never overwrites one; give a new or empty location."
+        )
+
+
+def restore(source: str, checkpoint_location: str, batch: int | None = None, *,
+            options: Mapping[str, str] | Settings | None = None, progress: Progress = Progress()) -> Restored:
+    """Prepares `checkpoint_location` (new or empty) so the same query started on it resumes after `batch`.
+
+    `source` is a savepoint directory or a checkpoint location. For a
+    checkpoint, `batch` is any restorable batch (``spark-state ls`` lists
+    them; default the latest committed); for a savepoint it may be omitted or
+    must be the savepoint's batch. `options` are the spark_state options the
+    restored query will run with (``checkpointRoot``: its state is written
+    there) and, for a checkpoint source, the ones it ran with.
+    """
+    settings = settings_from(options)
+    src = Dir(source)
+    target = Dir(checkpoint_location)
+    if src.url == target.url:
+        raise CheckpointError(f"source and target are both {src.url}; restore into a new location.")
+    _require_empty(target, "the target location")
+    if is_savepoint(src):
+        meta = read_savepoint(src)
+        if batch is not None and batch != meta.batch:
+            raise CheckpointError(f"savepoint {src.url} holds batch {meta.batch}, not {batch}; omit the batch or "
+                                  f"pick the savepoint of batch {batch}.")
+        items = [Item(f.path, src, f.path, size=f.size, checksum=f.checksum) for f in meta.files]
+        at, source_query = meta.batch, meta.query_id
+    else:
+        ckpt = SparkCheckpoint(src, settings)
+        cut = checkpoint_cut(ckpt, batch, progress)
+        items, at, source_query = cut.items, cut.batch, cut.query_id
+    query_id = str(uuid.uuid4())
+    items = [replace(i, source=None, data=query_metadata(query_id), size=None, checksum=None)
+             if i.rel == "metadata" else i for i in items]
+    if not any(i.rel == "metadata" for i in items):
+        items.append(Item("metadata", data=query_metadata(query_id)))
+
+    roots: dict = {}
+    if settings.checkpoint_root is not None:
+        for item in items:
+            found = split_store_path(item.rel)
+            if found is not None and found[0] not in roots:
+                roots[found[0]] = Dir(store_root(target, found[0], settings))
+                _require_empty(roots[found[0]], f"the directory of store ({found[0]}) under checkpointRoot")
+
+    def place(rel: str) -> tuple[Dir, str]:
+        found = split_store_path(rel)
+        if found is None or found[0] not in roots:
+            return target, rel
+        return roots[found[0]], found[1]
+
+    copied = copy_items(items, place, progress, f"restoring batch {at}")
+    return Restored(target.url, query_id, at, src.url, source_query, len(copied), sum(c.size for c in copied))

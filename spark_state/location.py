@@ -1,0 +1,152 @@
+"""A directory on any fsspec filesystem, addressed by relative paths: what the lifecycle tools
+(inspect, validate, savepoint, restore, rescale) read and write outside the worker.
+
+Two things about Spark's checkpoint files live here because every tool needs
+them: a rewritten file replaces the old one atomically where the filesystem
+allows (temporary file + rename on a local disk, one PUT on an object store),
+and it drops the Hadoop checksum companion (``.<name>.crc``) of the file it
+replaces: Hadoop's local filesystem verifies a ``.crc`` when it exists and
+reads the file unverified when it does not, so a stale companion would make
+Spark refuse a correct file.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import secrets
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from spark_state.errors import StorageError
+from spark_state.storage import normalize_url
+
+
+def as_url(text: str) -> str:
+    """A user's location as an fsspec URL: relative and absolute local paths become file:// URLs."""
+    text = str(text).strip()
+    if not text:
+        raise StorageError("empty location; give a path or a URL such as file:///data/ckpt or s3://bucket/ckpt.")
+    if "://" not in text and not text.startswith("file:"):
+        text = os.path.abspath(os.path.expanduser(text))
+    return normalize_url(text).rstrip("/") or normalize_url(text)
+
+
+def crc_companion(rel: str) -> str:
+    """Hadoop's checksum file of `rel`: ``dir/.name.crc``."""
+    head, name = posixpath.split(rel)
+    return posixpath.join(head, f".{name}.crc")
+
+
+class Dir:
+    """A directory (it need not exist yet) and the files below it, by path relative to it."""
+
+    def __init__(self, url: str, fs=None, base: str | None = None):
+        self.url = as_url(url) if base is None else url
+        if fs is None:
+            try:
+                fs, base = fsspec.core.url_to_fs(self.url)
+            except (ValueError, ImportError) as err:
+                raise StorageError(
+                    f"cannot open {self.url!r}: {err}. Use a URL fsspec knows, e.g. file:///data/ckpt or "
+                    f"s3://bucket/ckpt (with s3fs installed)."
+                ) from None
+        self.fs = fs
+        self.base = base.rstrip("/") or "/"
+        self.local = isinstance(fs, LocalFileSystem)
+
+    def __repr__(self) -> str:
+        return f"Dir({self.url!r})"
+
+    def full(self, rel: str = "") -> str:
+        rel = rel.strip("/")
+        return f"{self.base}/{rel}" if rel else self.base
+
+    def url_of(self, rel: str = "") -> str:
+        rel = rel.strip("/")
+        return f"{self.url}/{rel}" if rel else self.url
+
+    def child(self, rel: str) -> "Dir":
+        return Dir(self.url_of(rel), self.fs, self.full(rel))
+
+    # ------------------------------------------------------------- reading
+
+    def exists(self, rel: str = "") -> bool:
+        return self.fs.exists(self.full(rel))
+
+    def read(self, rel: str) -> bytes:
+        """A whole file; FileNotFoundError when it is missing."""
+        return self.fs.cat_file(self.full(rel))
+
+    def size(self, rel: str) -> int:
+        return int(self.fs.size(self.full(rel)))
+
+    def listdir(self, rel: str = "") -> list[str]:
+        """Names of the entries directly below `rel` (files and directories); [] when it is missing."""
+        here = self.full(rel).rstrip("/")
+        try:
+            entries = self.fs.ls(here, detail=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted({posixpath.basename(e.rstrip("/")) for e in entries if e.rstrip("/") != here})
+
+    def files(self, rel: str = "") -> dict[str, int]:
+        """Every file below `rel`, as path relative to this directory -> size."""
+        try:
+            found = self.fs.find(self.full(rel), detail=True)
+        except FileNotFoundError:
+            return {}
+        strip = len(self.base.rstrip("/")) + 1
+        out = {}
+        for path, info in found.items():
+            if info.get("type") == "directory":
+                continue
+            path = path.rstrip("/")
+            if path.startswith(self.base.rstrip("/") + "/"):
+                out[path[strip:]] = int(info.get("size") or 0)
+        return out
+
+    def is_empty(self) -> bool:
+        """True when the directory is missing or holds no file at all (empty subdirectories are nothing)."""
+        try:
+            return not self.fs.find(self.full(), maxdepth=None)
+        except FileNotFoundError:
+            return True
+
+    # ------------------------------------------------------------- writing
+
+    def write(self, rel: str, data: bytes) -> None:
+        """Writes a whole file atomically where the filesystem allows, dropping a stale ``.crc``."""
+        full = self.full(rel)
+        parent = posixpath.dirname(full)
+        if self.local:
+            os.makedirs(parent, exist_ok=True)
+            tmp = f"{parent}/.{posixpath.basename(full)}.{secrets.token_hex(6)}.tmp"
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, full)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
+        else:
+            self.fs.pipe_file(full, bytes(data))
+        self.delete(crc_companion(rel))
+
+    def copy_in(self, rel: str, data: bytes) -> None:
+        """Writes a file that did not exist (no companion to drop): copies into a new location."""
+        full = self.full(rel)
+        if self.local:
+            os.makedirs(posixpath.dirname(full), exist_ok=True)
+            with open(full, "wb") as f:
+                f.write(data)
+        else:
+            self.fs.pipe_file(full, bytes(data))
+
+    def delete(self, rel: str) -> None:
+        try:
+            self.fs.rm_file(self.full(rel))
+        except FileNotFoundError:
+            pass
