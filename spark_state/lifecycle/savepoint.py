@@ -4,8 +4,10 @@ A savepoint directory holds the checkpoint files of the batch in Spark's own
 layout (``metadata``, ``offsets/``, ``commits/``, ``sources/``, ``state/``,
 every store's state in ``state/<op>/<partition>[/<storeName>]`` whatever
 ``checkpointRoot`` the query used) and a ``_metadata`` file that lists every
-one of them with its size and CRC-32. ``_metadata`` is written last: a
-directory without it is an unfinished savepoint and restore refuses it.
+one of them with its size and CRC-32. ``_metadata`` is written last and
+``_in_progress`` first (removed at the end): a directory with the marker and
+without ``_metadata`` is a savepoint that did not finish (its process died),
+and restore refuses it. A savepoint that fails with an error removes itself.
 Nothing in a savepoint points outside it, so it survives deleting the
 checkpoint it was taken from.
 
@@ -32,6 +34,7 @@ from spark_state.options import PREFIX, Settings
 from spark_state.sparklog import CheckpointError
 
 METADATA = "_metadata"
+IN_PROGRESS = "_in_progress"
 KIND = "spark_state savepoint"
 FORMAT_VERSION = 1
 
@@ -102,7 +105,9 @@ def _crc(body: dict) -> str:
 
 
 def is_savepoint(location: Dir) -> bool:
-    """True when `location` holds a savepoint's _metadata (finished or not readable: read_savepoint says)."""
+    """True when `location` is a savepoint, finished or not (read_savepoint tells which)."""
+    if location.exists(IN_PROGRESS):
+        return True
     try:
         return json.loads(location.read(METADATA)).get("kind") == KIND
     except (FileNotFoundError, ValueError, AttributeError, IsADirectoryError):
@@ -115,7 +120,7 @@ def read_savepoint(location: str | Dir) -> SavepointMetadata:
     try:
         data = sp.read(METADATA)
     except FileNotFoundError:
-        if sp.exists("offsets"):
+        if sp.exists("offsets") and not sp.exists(IN_PROGRESS):
             raise CheckpointError(f"{sp.url} is a checkpoint, not a savepoint.") from None
         raise CheckpointError(f"{sp.url} has no {METADATA}: it is not a savepoint, or a savepoint that did not "
                               f"finish (its {METADATA} is written last). Take the savepoint again.") from None
@@ -157,12 +162,18 @@ def savepoint(checkpoint_location: str, target_directory: str | None = None, *, 
     target = Dir(as_url(target_directory or _default_target(settings)))
     name = f"savepoint-{cut.query_id.replace('-', '')[:6]}-{secrets.token_hex(6)}"
     sp = target.child(name)
-    copied = copy_items(cut.items, lambda rel: (sp, rel), progress, f"savepoint of batch {cut.batch}")
+    sp.copy_in(IN_PROGRESS, b"")
+    try:
+        copied = copy_items(cut.items, lambda rel: (sp, rel), progress, f"savepoint of batch {cut.batch}")
+    except BaseException:
+        sp.fs.rm(sp.full(), recursive=True)
+        raise
     stores = tuple({"operator": sid.operator, "partition": sid.partition, "name": sid.name,
                     "version": m.version, "rows": m.rows} for sid, m in sorted(cut.manifests.items()))
     meta = SavepointMetadata(cut.query_id, cut.batch, cut.num_partitions, cut.max_parallelism, ckpt.url,
                              int(time.time() * 1000), stores, tuple(_files(copied)))
     sp.copy_in(METADATA, meta.to_json())
+    sp.delete(IN_PROGRESS)
     return sp.url
 
 
