@@ -34,7 +34,7 @@ from spark_state.storage.base import manifest_path
 
 DEFAULT_STORE = "default"
 #: Names inside a store directory that belong to spark_state (everything else there is Spark's).
-STORE_ENTRIES = ("chk-", "shared")
+STORE_ENTRIES = ("chk-", "shared", "refs")
 
 
 @dataclass(frozen=True, order=True)
@@ -78,15 +78,16 @@ def spark_state_root(checkpoint: Dir) -> str:
     return checkpoint.url_of("state")
 
 
-def store_ref(checkpoint: Dir, sid: StoreId) -> StoreRef:
-    """The StoreRef the worker gets for `sid` of the query whose checkpointLocation is `checkpoint`."""
+def store_ref(checkpoint: Dir, sid: StoreId, query_id: str | None = None) -> StoreRef:
+    """The StoreRef the worker gets for `sid` of the query (`query_id`) whose checkpointLocation is `checkpoint`."""
     return StoreRef(spark_root=spark_state_root(checkpoint), location=checkpoint.url_of(sid.rel),
-                    operator=sid.operator, partition=sid.partition, name=sid.name)
+                    operator=sid.operator, partition=sid.partition, name=sid.name, query_id=query_id)
 
 
-def store_root(checkpoint: Dir, sid: StoreId, settings: Settings) -> str:
-    """URL of the directory that holds the store's manifests and files (see resolve_root)."""
-    return resolve_root(store_ref(checkpoint, sid), settings)
+def store_root(checkpoint: Dir, sid: StoreId, settings: Settings, query_id: str | None = None) -> str:
+    """URL of the directory that holds the store's manifests and files (see resolve_root): under
+    ``checkpointRoot`` it depends on the query id, as the worker's does."""
+    return resolve_root(store_ref(checkpoint, sid, query_id), settings)
 
 
 class SparkCheckpoint:
@@ -227,10 +228,17 @@ class SparkCheckpoint:
         return [StoreId(op.id, p, name) for op in self.operators for name in op.stores for p in range(n)]
 
     def store_ref(self, sid: StoreId) -> StoreRef:
-        return store_ref(self.dir, sid)
+        return store_ref(self.dir, sid, self._store_query_id)
 
     def store_root(self, sid: StoreId) -> str:
-        return store_root(self.dir, sid, self.settings)
+        return resolve_root(self.store_ref(sid), self.settings)
+
+    @cached_property
+    def _store_query_id(self) -> str | None:
+        """The query id the worker keys stores with (it matters under checkpointRoot only)."""
+        if self.settings.checkpoint_root is None:
+            return None
+        return self.query_id
 
     def store(self, sid: StoreId) -> VersionedStore:
         """The store as the worker would open it, with the max parallelism its manifests record.
@@ -250,7 +258,9 @@ class SparkCheckpoint:
         if versions:
             manifest = Manifest.from_json(storage.read_manifest(versions[-1]), f"{storage.root}/{manifest_path(versions[-1])}")
             settings = replace(settings, max_parallelism=manifest.max_parallelism)
-        return VersionedStore(storage, settings, name=f"{storage.root} ({sid})")
+        # A rescaled chain names files of other partitions' stores: the store reads them as the worker does.
+        return VersionedStore(storage, settings, name=f"{storage.root} ({sid})", query_id=ref.query_id,
+                              partition=sid.partition, siblings=lambda p: storage_for(ref.sibling(p), self.settings))
 
     def manifest(self, sid: StoreId, version: int) -> Manifest:
         store = self.store(sid)

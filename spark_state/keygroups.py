@@ -173,3 +173,45 @@ def as_key_group_array(key_groups: Iterable[int] | np.ndarray, max_parallelism: 
         bad = arr[0] if arr[0] < 0 else arr[-1]
         raise ValueError(f"key group {bad} is outside [0, {max_parallelism}) for max parallelism {max_parallelism}")
     return arr.astype(np.int32)
+
+
+# ---------------------------------------------------------------- slices (metadata-only rescale)
+
+def combine_residues(a: tuple[int, int] | None, b: tuple[int, int] | None) -> tuple[int, int] | None | bool:
+    """The hashes that satisfy both ``h ≡ r1 (mod n1)`` and ``h ≡ r2 (mod n2)``, as one (modulus, residue).
+
+    Chinese remainder theorem: the two hold together exactly when
+    ``r1 ≡ r2 (mod gcd(n1, n2))``, and then for one residue modulo
+    ``lcm(n1, n2)``. None stands for "every hash"; the result is False when no
+    hash satisfies both (a slice of a slice that is empty).
+    """
+    if a is None:
+        return b
+    if b is None:
+        return a
+    (n1, r1), (n2, r2) = a, b
+    g = gcd(n1, n2)
+    if (r1 - r2) % g:
+        return False
+    lcm = n1 // g * n2
+    # r = r1 + n1 * t with n1 * t ≡ r2 - r1 (mod n2): t = ((r2 - r1) / g) * inv(n1 / g) mod (n2 / g)
+    m = n2 // g
+    t = ((r2 - r1) // g * pow(n1 // g, -1, m)) % m if m > 1 else 0
+    return lcm, (r1 + n1 * t) % lcm
+
+
+def slice_key_groups(modulus: int, residue: int, max_parallelism: int) -> tuple[np.ndarray, bool]:
+    """(key groups that can hold hashes ≡ residue mod modulus, whether rows must also be filtered by hash).
+
+    ``kg = pmod(h, M)`` determines ``h mod gcd(M, modulus)``, so the key
+    groups with ``kg ≡ residue (mod g)`` are the only candidates; when the
+    modulus divides M they are exact and no row filter is needed.
+    """
+    g = gcd(max_parallelism, modulus)
+    return np.arange(residue % g, max_parallelism, g, dtype=np.int32), g != modulus
+
+
+def filter_residue(table: pa.Table, modulus: int, residue: int) -> pa.Table:
+    """Rows of `table` whose pmod(hash, modulus) == residue."""
+    mask = np.mod(_int64(table.column("hash")), modulus) == residue
+    return table.filter(pa.array(mask))

@@ -8,6 +8,15 @@ retention can tell which files a kept version needs from its manifest alone.
 
 The manifest carries a CRC-32 of its own canonical body: a torn or edited
 manifest fails with ``ChecksumMismatch`` instead of restoring wrong state.
+
+Format 3 (written only by a rescale, see ``spark_state.lifecycle.rescale``)
+adds *slices*: an entry may name a file of another partition's store of the
+same operator (``partition``) and stand for only the rows Spark routes to
+one partition of another partition count (``modulus``, ``residue``: the rows
+with ``pmod(hash, modulus) == residue``). A manifest without slices is
+written as format 2, byte for byte as before; a reader of format 2 refuses a
+format 3 manifest with ``FormatVersionError`` instead of reading whole files
+that are only partly this store's.
 """
 
 from __future__ import annotations
@@ -22,7 +31,10 @@ from spark_state.errors import ChecksumMismatch, FormatVersionError
 
 #: Bumped when a reader of the previous version could misread a new manifest.
 #: 2: manifests name the query (``query_id``); compaction records (``chk-N/_snapshot``).
-FORMAT_VERSION = 2
+#: 3: slices (a rescaled chain names other partitions' files, see the module docstring).
+FORMAT_VERSION = 3
+#: Manifests without slices, and compaction records, keep format 2, byte for byte what format-2 readers read.
+PLAIN_FORMAT = 2
 
 SNAPSHOT = "snapshot"
 DELTA = "delta"
@@ -41,6 +53,24 @@ class FileEntry:
     index_offset: int    # key-group index location inside the file
     index_length: int
     index_checksum: str
+    # format 3, slices (see the module docstring); None = the whole file of this store
+    partition: int | None = None   # the file is in the store of this partition (same operator and store name)
+    modulus: int | None = None     # only the rows with pmod(hash, modulus) == residue
+    residue: int | None = None
+
+    @property
+    def is_slice(self) -> bool:
+        return self.partition is not None or self.modulus is not None
+
+    def to_dict(self) -> dict:
+        body = asdict(self)
+        for name in _SLICE_FIELDS:
+            if body[name] is None:
+                del body[name]
+        return body
+
+
+_SLICE_FIELDS = ("partition", "modulus", "residue")
 
 
 @dataclass(frozen=True)
@@ -54,11 +84,16 @@ class Manifest:
     #: Spark's query id (``<checkpointLocation>/metadata``): the timeline this version belongs to
     query_id: str | None = None
     created_ms: int = field(default_factory=lambda: int(time.time() * 1000))
-    format: int = FORMAT_VERSION
+    format: int = -1   # set from the files: PLAIN_FORMAT unless a file is a slice
+
+    def __post_init__(self):
+        if self.format == -1:
+            object.__setattr__(self, "format", FORMAT_VERSION if any(f.is_slice for f in self.files) else PLAIN_FORMAT)
 
     @property
     def paths(self) -> list[str]:
-        return [f.path for f in self.files]
+        """Paths of the files in this store (a slice of another store's file is not one of them)."""
+        return [f.path for f in self.files if f.partition is None]
 
     @property
     def deltas_since_snapshot(self) -> int:
@@ -66,7 +101,7 @@ class Manifest:
 
     def to_json(self) -> bytes:
         body = asdict(self)
-        body["files"] = [asdict(f) for f in self.files]
+        body["files"] = [f.to_dict() for f in self.files]
         return _dump(body)
 
     @classmethod
@@ -94,10 +129,12 @@ class CompactionRecord:
     commit_id: str
     snapshot: FileEntry
     created_ms: int = field(default_factory=lambda: int(time.time() * 1000))
-    format: int = FORMAT_VERSION
+    format: int = PLAIN_FORMAT
 
     def to_json(self) -> bytes:
-        return _dump(asdict(self))
+        body = asdict(self)
+        body["snapshot"] = self.snapshot.to_dict()
+        return _dump(body)
 
     @classmethod
     def from_json(cls, data: bytes, name: str) -> "CompactionRecord":

@@ -35,8 +35,8 @@ import collections
 import logging
 import threading
 import time
-from dataclasses import dataclass
-from typing import Iterable
+from dataclasses import dataclass, replace
+from typing import Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -46,9 +46,13 @@ from spark_state import snapshot
 from spark_state.errors import (ProtocolError, SparkStateError, StaleState, StateTooLarge, StorageError,
                                 VersionNotFound)
 from spark_state.faults import fault
-from spark_state.keygroups import as_key_group_array, check_max_parallelism, check_same_max_parallelism, key_groups_of
+from spark_state.keygroups import (
+    as_key_group_array, check_max_parallelism, check_same_max_parallelism, filter_residue, key_groups_of,
+    slice_key_groups,
+)
 from spark_state.manifest import DELTA, SNAPSHOT, CompactionRecord, FileEntry, Manifest
 from spark_state.options import PREFIX, Settings
+from spark_state.references import referenced_elsewhere
 from spark_state.snapshot import CHANGES_SCHEMA
 from spark_state.storage import CheckpointStorage, resolve_root, storage_for
 from spark_state.storage.base import file_version, manifest_path, record_path
@@ -77,6 +81,12 @@ class StoreRef:
     partition: int
     name: str = "default"
     query_id: str | None = None   # Spark's query id (<checkpointLocation>/metadata): the timeline
+
+    def sibling(self, partition: int) -> "StoreRef":
+        """The store of the same operator and name in another partition (a rescaled chain names its files)."""
+        suffix = "" if self.name == "default" else f"/{self.name}"
+        return replace(self, partition=partition,
+                       location=f"{self.spark_root.rstrip('/')}/{self.operator}/{partition}{suffix}")
 
 
 @dataclass(frozen=True)
@@ -140,8 +150,13 @@ class VersionedStore:
     """The versions of one store in one checkpoint storage (see module docstring)."""
 
     def __init__(self, storage: CheckpointStorage, settings: Settings, name: str | None = None,
-                 query_id: str | None = None):
+                 query_id: str | None = None, *, partition: int | None = None,
+                 siblings: Callable[[int], CheckpointStorage] | None = None):
         self.storage = storage
+        # After a rescale, chains name files of other partitions' stores (manifest format 2):
+        self._partition = partition
+        self._siblings = siblings
+        self._sibling_storages: dict[int, CheckpointStorage] = {}
         self.settings = settings
         self.name = name or storage.root
         self.query_id = query_id
@@ -389,18 +404,42 @@ class VersionedStore:
             raise self.storage.version_not_found(version) from None
 
     def _read(self, entry: FileEntry, key_groups: np.ndarray | None) -> pa.Table:
+        if entry.is_slice:
+            return self._read_slice(entry, key_groups)
+        return self._read_file(self.storage, entry, key_groups)
+
+    def _read_file(self, storage: CheckpointStorage, entry: FileEntry, key_groups: np.ndarray | None) -> pa.Table:
         verify = self.settings.verify_checksums
-        name = f"{self.storage.root}/{entry.path}"
+        name = f"{storage.root}/{entry.path}"
         if key_groups is None:
-            data = self.storage.read_file(entry.path)
+            data = storage.read_file(entry.path)
             if verify:
                 snapshot.check_whole(data, name, entry.size, entry.checksum)
             return snapshot.decode(data, name)
         if len(key_groups) == 0:
             return snapshot.empty_table()
-        return snapshot.read_key_groups(lambda ranges: self.storage.read_ranges(entry.path, ranges), name,
+        return snapshot.read_key_groups(lambda ranges: storage.read_ranges(entry.path, ranges), name,
                                         entry.index_offset, entry.index_length, entry.index_checksum,
                                         key_groups, verify)
+
+    def _read_slice(self, entry: FileEntry, key_groups: np.ndarray | None) -> pa.Table:
+        """The rows of a (maybe another partition's) file that belong here: whole key groups by byte range,
+        filtered by hash when the slice's modulus does not divide the max parallelism."""
+        storage = self.storage if entry.partition is None else self._sibling(entry.partition)
+        wanted, by_hash = key_groups, False
+        if entry.modulus is not None:
+            kgs, by_hash = slice_key_groups(entry.modulus, entry.residue, self.settings.max_parallelism)
+            wanted = kgs if key_groups is None else np.intersect1d(kgs, key_groups, assume_unique=True)
+        table = self._read_file(storage, entry, wanted)
+        return filter_residue(table, entry.modulus, entry.residue) if by_hash else table
+
+    def _sibling(self, partition: int) -> CheckpointStorage:
+        if self._siblings is None:
+            raise StorageError(f"{self.name}: a manifest names a file of partition {partition}'s store (a rescaled "
+                               f"checkpoint), but this store was opened without access to its siblings.")
+        if partition not in self._sibling_storages:
+            self._sibling_storages[partition] = self._siblings(partition)
+        return self._sibling_storages[partition]
 
     # ------------------------------------------------------------- listing
 
@@ -475,7 +514,10 @@ class VersionedStore:
             manifest, record = self._view(version)
         except VersionNotFound:
             return
-        if record is not None or manifest.deltas_since_snapshot < self.settings.snapshot_interval:
+        # A rescaled chain (slices of other stores' files) is compacted at once: the new partition gets its
+        # own snapshot and, once its older versions age out, other stores' files stop being referenced.
+        if record is not None or (manifest.deltas_since_snapshot < self.settings.snapshot_interval
+                                  and not any(f.is_slice for f in manifest.files)):
             return
         self._check_parallelism(manifest)
         chain = self._rebased(manifest.files, version, None)   # read less when this process compacted before
@@ -538,6 +580,11 @@ class VersionedStore:
         current = version if version is not None else max(stamps)
         oldest = current - keep + 1
         self._manifests([v for v in stamps if v >= oldest], stamps)   # warm the cache outside the lock
+        # Files other stores' manifests name (after a rescale, see spark_state.references): they are referenced
+        # like our own manifests' files. None: a reference record could not be judged, so no file is deleted.
+        elsewhere: set[str] | None = set()
+        if self._siblings is not None and self._partition is not None:
+            elsewhere = referenced_elsewhere(self.storage, self._partition, self._sibling)
         with self._lock:
             stamps = self.storage.list_manifests()
             drop = sorted(v for v in stamps if v < oldest)
@@ -547,12 +594,14 @@ class VersionedStore:
             for v in drop:
                 self.storage.delete_version(v)
                 self._cache.pop(v, None)
-            referenced = set(self._pins)
+            referenced = set(self._pins) | (elsewhere or set())
             for manifest in manifests.values():
                 referenced.update(manifest.paths)
             referenced.update(r.snapshot.path for r in records)
             orphans = [p for p in self.storage.list_files()
                        if p not in referenced and file_version(p) is not None and file_version(p) < oldest]
+            if elsewhere is None:
+                orphans = []
             now = time.monotonic()
             self._unreferenced_since = {p: self._unreferenced_since.get(p, now) for p in orphans}
             due = [p for p, since in self._unreferenced_since.items()
@@ -597,7 +646,8 @@ def open_store(ref: StoreRef, settings: Settings) -> VersionedStore:
         if store is None:
             store = VersionedStore(storage_for(ref, settings), settings,
                                    name=f"{root} (operator {ref.operator}, partition {ref.partition}, {ref.name})",
-                                   query_id=ref.query_id)
+                                   query_id=ref.query_id, partition=ref.partition,
+                                   siblings=_siblings_of(ref, settings))
         else:
             store.update_settings(settings)
         store.last_used = now
@@ -612,6 +662,12 @@ def _evict_idle(now: float) -> None:
             break
         if not store.busy():
             del _STORES[key]
+
+
+def _siblings_of(ref: StoreRef, settings: Settings) -> Callable[[int], CheckpointStorage]:
+    def sibling(partition: int) -> CheckpointStorage:
+        return storage_for(ref.sibling(partition), settings)
+    return sibling
 
 
 def forget_stores() -> None:

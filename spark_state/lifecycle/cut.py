@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
 from spark_state.checkpoint import DEFAULT_STORE, STORE_ENTRIES, SparkCheckpoint, StoreId
@@ -163,9 +163,14 @@ def store_items(ckpt: SparkCheckpoint, sid: StoreId, version: int) -> tuple[Mani
     store = ckpt.store(sid)
     manifest = ckpt.manifest(sid, version)
     root = Dir(store.storage.root)
-    items = [Item(f"{sid.rel}/{manifest_path(version)}", data=manifest.to_json())]
+    items = []
     for entry in manifest.files:
-        items.append(Item(f"{sid.rel}/{entry.path}", root, entry.path, size=entry.size, checksum=entry.checksum))
+        # A rescaled chain names files in other partitions' stores: the copy holds them itself.
+        source = root if entry.partition is None else Dir(ckpt.store_root(replace(sid, partition=entry.partition)))
+        items.append(Item(f"{sid.rel}/{entry.path}", source, entry.path, size=entry.size, checksum=entry.checksum))
+    if any(entry.partition is not None for entry in manifest.files):
+        manifest = replace(manifest, files=tuple(replace(e, partition=None) for e in manifest.files))
+    items.insert(0, Item(f"{sid.rel}/{manifest_path(version)}", data=manifest.to_json()))
     return manifest, items
 
 

@@ -33,6 +33,8 @@ from spark_state.lifecycle.cut import Item, checkpoint_cut, copy_items, split_st
 from spark_state.lifecycle.progress import Progress
 from spark_state.lifecycle.savepoint import is_savepoint, read_savepoint
 from spark_state.location import Dir
+from spark_state.manifest import Manifest
+from spark_state.storage.base import MANIFEST_NAME, version_dir_of
 from spark_state.options import Settings
 from spark_state.sparklog import CheckpointError, query_metadata
 
@@ -58,6 +60,14 @@ def _require_empty(target: Dir, what: str) -> None:
             f"refusing to restore into {target.url}: {what} already holds files (e.g. {example}). Restore writes "
             f"a new checkpoint and never overwrites one; give a new or empty location."
         )
+
+
+def _with_query_id(item: Item, query_id: str) -> Item:
+    found = split_store_path(item.rel)
+    if found is None or not found[1].endswith(f"/{MANIFEST_NAME}") or version_dir_of(found[1].split("/")[0]) is None:
+        return item
+    manifest = Manifest.from_json(item.fetch(), item.rel)
+    return replace(item, source=None, data=replace(manifest, query_id=query_id).to_json(), size=None, checksum=None)
 
 
 def restore(source: str, checkpoint_location: str, batch: int | None = None, *,
@@ -93,13 +103,15 @@ def restore(source: str, checkpoint_location: str, batch: int | None = None, *,
              if i.rel == "metadata" else i for i in items]
     if not any(i.rel == "metadata" for i in items):
         items.append(Item("metadata", data=query_metadata(query_id)))
+    # Every manifest names its timeline (docs/consistency.md, rule 1): the restored query commits on them.
+    items = [_with_query_id(i, query_id) for i in items]
 
     roots: dict = {}
     if settings.checkpoint_root is not None:
         for item in items:
             found = split_store_path(item.rel)
             if found is not None and found[0] not in roots:
-                roots[found[0]] = Dir(store_root(target, found[0], settings))
+                roots[found[0]] = Dir(store_root(target, found[0], settings, query_id))
                 _require_empty(roots[found[0]], f"the directory of store ({found[0]}) under checkpointRoot")
 
     def place(rel: str) -> tuple[Dir, str]:
