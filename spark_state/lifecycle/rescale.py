@@ -81,6 +81,27 @@ def slice_chain(sources: dict[int, Manifest], old_n: int, new_n: int, partition:
     return tuple(out)
 
 
+def plan_rescale(sources: Mapping[tuple[int, str], Mapping[int, Manifest]], old_n: int, new_n: int, version: int,
+                 query_id: str | None) -> tuple[dict[StoreId, Manifest], dict[tuple[StoreId, int], set[str]]]:
+    """Manifests of `version` for every new partition of every (operator, store name) in `sources` (their
+    old partitions' manifests), and the reference records to write first: (holder store, referring
+    partition) -> the holder's files that partition's manifest names."""
+    plans: dict[StoreId, Manifest] = {}
+    references: dict[tuple[StoreId, int], set[str]] = {}
+    for (op, name), by_partition in sources.items():
+        if sorted(by_partition) != list(range(old_n)):
+            raise CheckpointError(f"operator {op} store {name}: expected the manifests of partitions 0..{old_n - 1}, "
+                                  f"got {sorted(by_partition)}.")
+        m = next(iter(by_partition.values())).max_parallelism
+        for p in range(new_n):
+            chain = slice_chain(by_partition, old_n, new_n, p)
+            plans[StoreId(op, p, name)] = Manifest(version, m, chain, rows=None, query_id=query_id)
+            for entry in chain:
+                if entry.partition is not None:
+                    references.setdefault((StoreId(op, entry.partition, name), p), set()).add(entry.path)
+    return plans, references
+
+
 def _active_query_ids() -> set[str]:
     try:
         from pyspark.sql import SparkSession
@@ -165,17 +186,15 @@ def rescale(checkpoint_location: str, num_partitions: int, *, options: Mapping[s
         if len(ms) != 1:
             raise CheckpointError(f"operator {op} store {name}: its partitions record different max parallelisms "
                                   f"{sorted(ms)}; the checkpoint is inconsistent.")
-    plans: dict[StoreId, Manifest] = {}
-    references: dict[tuple[StoreId, int], set[str]] = {}
-    for (op, name), by_partition in sources.items():
-        m = next(iter(by_partition.values())).max_parallelism
-        for p in range(num_partitions):
-            chain = slice_chain(by_partition, old_n, num_partitions, p)
-            sid = StoreId(op, p, name)
-            plans[sid] = Manifest(version, m, chain, rows=None, query_id=ckpt.query_id)
-            for entry in chain:
-                if entry.partition is not None:
-                    references.setdefault((StoreId(op, entry.partition, name), p), set()).add(entry.path)
+    plans, references = plan_rescale(sources, old_n, num_partitions, version, ckpt.query_id)
+    for sid in sorted(set(plans) - set(old_stores)):
+        # A partition beyond the old count may hold versions of an earlier, larger count: only older ones.
+        newer = [v for v in ckpt.versions(sid) if v > committed + 1 and not (resume and v == version)]
+        if newer:
+            raise CheckpointError(
+                f"store ({sid}) has version {newer[0]}, newer than the last committed batch {committed}: it "
+                f"belongs to another timeline of this checkpoint (a run from before a restore or a hand-made "
+                f"copy?). Move {ckpt.store_root(sid)} away, then rescale again.")
     operator_metadata = {}
     for op in ckpt.operators:
         if op.metadata is not None:
@@ -213,4 +232,4 @@ def rescale(checkpoint_location: str, num_partitions: int, *, options: Mapping[s
                     time.perf_counter() - started)
 
 
-__all__ = ["Rescaled", "rescale", "slice_chain", "OperatorMetadata", "SparkStateError"]
+__all__ = ["Rescaled", "rescale", "plan_rescale", "slice_chain", "OperatorMetadata", "SparkStateError"]
