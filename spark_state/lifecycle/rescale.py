@@ -47,6 +47,7 @@ from spark_state.lifecycle.progress import Progress
 from spark_state.manifest import FileEntry, Manifest
 from spark_state.options import PREFIX, Settings
 from spark_state.references import Reference, write_reference
+from spark_state.state import VersionedStore
 from spark_state.sparklog import SHUFFLE_PARTITIONS, STATE_PARTITIONS, CheckpointError, OperatorMetadata
 
 
@@ -79,6 +80,13 @@ def slice_chain(sources: dict[int, Manifest], old_n: int, new_n: int, partition:
             out.append(replace(entry, partition=None if holder == partition else holder,
                                modulus=None if cond is None else cond[0], residue=None if cond is None else cond[1]))
     return tuple(out)
+
+
+def source_manifest(store: VersionedStore, version: int) -> Manifest:
+    """Version `version` of an old partition as a rescale slices it: its compacted snapshot when a valid
+    compaction record names one (one file to slice instead of a chain), else its manifest's chain."""
+    manifest, record = store._view(version)
+    return manifest if record is None else replace(manifest, files=(record.snapshot,))
 
 
 def plan_rescale(sources: Mapping[tuple[int, str], Mapping[int, Manifest]], old_n: int, new_n: int, version: int,
@@ -179,7 +187,8 @@ def rescale(checkpoint_location: str, num_partitions: int, *, options: Mapping[s
                     f"store ({sid}) has no version {committed + 1}, the state of batch {committed}; it holds "
                     f"{present or 'no version'}. If the query set {PREFIX}checkpointRoot, pass it (CLI: --conf); "
                     f"a query on memory storage cannot be rescaled.")
-            sources.setdefault((sid.operator, sid.name), {})[sid.partition] = ckpt.manifest(sid, committed + 1)
+            sources.setdefault((sid.operator, sid.name), {})[sid.partition] = source_manifest(ckpt.store(sid),
+                                                                                             committed + 1)
             task.advance()
     for (op, name), by_partition in sources.items():
         ms = {m.max_parallelism for m in by_partition.values()}
