@@ -23,4 +23,25 @@ def shim_jar(build: bool = True):
     return _shim_jar(build=build)
 
 
-__all__ = ["PROVIDER_CLASS", "configure", "shim_jar", "__version__"]
+def rescale(checkpoint_location, num_partitions, **kwargs):
+    """Changes a stopped query's partition count, writing metadata only; see spark_state.lifecycle.rescale."""
+    from spark_state.lifecycle.rescale import rescale as _rescale
+
+    return _rescale(checkpoint_location, num_partitions, **kwargs)
+
+
+def savepoint(checkpoint_location, target=None, **kwargs):
+    """A self-contained copy of a committed batch; see spark_state.lifecycle.savepoint."""
+    from spark_state.lifecycle.savepoint import savepoint as _savepoint
+
+    return _savepoint(checkpoint_location, target, **kwargs)
+
+
+def restore(source, checkpoint_location, batch=None, **kwargs):
+    """A new checkpoint that resumes after a batch of a savepoint or checkpoint; see spark_state.lifecycle.restore."""
+    from spark_state.lifecycle.restore import restore as _restore
+
+    return _restore(source, checkpoint_location, batch, **kwargs)
+
+
+__all__ = ["PROVIDER_CLASS", "configure", "rescale", "restore", "savepoint", "shim_jar", "__version__"]

@@ -1,0 +1,224 @@
+"""Rescale on real queries (Spark's offline-repartition contract, metadata only): 3 -> 6 -> 2
+partitions between phases gives exactly the output of the same query on the HDFS provider that never
+rescaled, for every kind of stateful operator; the restarted query really runs with the new count;
+bad input fails clearly and writes nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from spark_state import PROVIDER_CLASS
+from spark_state import rescale as top_level_rescale
+from spark_state.lifecycle import rescale, restore, savepoint
+from spark_state.references import REFS_DIR
+from spark_state.sparklog import CheckpointError
+from tests.lifecycle import cli, cli_json, finished_checkpoint
+from tests.scenarios import SCENARIOS
+from tests.streaming import JsonStream, Query, Twin
+
+SHUFFLE = "spark.sql.shuffle.partitions"
+
+
+@pytest.fixture(autouse=True)
+def _only_spark_state(tested):
+    if tested != "spark_state":
+        pytest.skip("rescale is spark_state's")
+
+
+@pytest.fixture
+def finished(spark, tmp_path_factory):
+    return finished_checkpoint(spark, tmp_path_factory)
+
+
+def _offsets_conf(checkpoint: Path, batch: int) -> dict:
+    lines = (Path(checkpoint) / "offsets" / str(batch)).read_text().splitlines()
+    return json.loads(lines[1])["conf"]
+
+
+def _versions(checkpoint: Path, operator: int, partition: int, store: str = "default") -> list[int]:
+    root = Path(checkpoint) / "state" / str(operator) / str(partition)
+    root = root if store == "default" else root / store
+    if not root.exists():
+        return []
+    return sorted(int(p.name[4:]) for p in root.iterdir() if p.name.startswith("chk-") and (p / "_metadata").exists())
+
+
+def _listing(checkpoint: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(checkpoint)): p.read_bytes() for p in sorted(Path(checkpoint).rglob("*")) if p.is_file()}
+
+
+def _last_committed(checkpoint: Path) -> int:
+    return max(int(p.name) for p in (Path(checkpoint) / "commits").iterdir() if p.name.isdigit())
+
+
+def _ran_with(checkpoint: Path, stores: dict, n: int, since_version: int) -> None:
+    """The query committed state after the rescale in every partition of `n`, with `n` pinned in its offsets."""
+    last = _last_committed(checkpoint)
+    assert _offsets_conf(checkpoint, last)[SHUFFLE] == str(n)
+    for op, names in stores.items():
+        for name in names:
+            for p in range(n):
+                assert max(_versions(checkpoint, op, p, name)) > since_version, (op, p, name)
+            beyond = _versions(checkpoint, op, n, name)
+            assert not beyond or max(beyond) <= since_version, (op, n, name, beyond)
+
+
+@pytest.mark.parametrize("name,max_parallelism", [
+    ("agg_update", None), ("dedup", 16), ("session_window", None), ("join_inner", 16),
+    ("apply_in_pandas_then_window_agg", None),
+])
+def test_rescale_3_to_6_to_2_gives_exactly_the_output_of_a_query_that_never_rescaled(
+        spark, tested, tmp_path, name, max_parallelism):
+    """Spark's repartition scenario. max parallelism 16: 3 and 6 do not divide it (hash filter);
+    the default 100800: every count divides it (whole key groups by byte range)."""
+    scenario = SCENARIOS[name]
+    streams = {n: JsonStream(tmp_path / n, schema) for n, schema in scenario.streams.items()}
+    phases = [scenario.phases[0], scenario.phases[1][:1], scenario.phases[1][1:]]
+
+    def build(session):
+        return scenario.build(session, **{n: s.read(session) for n, s in streams.items()})
+
+    options = {} if max_parallelism is None else {"max_parallelism": max_parallelism}
+    twin = Twin(spark, tmp_path, build, mode=scenario.mode, tested=tested, options=options,
+                conf={**scenario.conf, SHUFFLE: "3"})
+    counts = [3, 6, 2]
+    for i, phase in enumerate(phases):
+        for step in phase:
+            for n, rows in step.items():
+                streams[n].add(rows)
+        twin.run()
+        if i:
+            _ran_with(twin.test.checkpoint, scenario.stores, counts[i], rescaled.state_version)
+        if i + 1 < len(phases):
+            rescaled = rescale(str(twin.test.checkpoint), counts[i + 1])
+            assert (rescaled.old_partitions, rescaled.new_partitions) == (counts[i], counts[i + 1])
+            assert rescaled.batch == _last_committed(twin.test.checkpoint)
+            assert _offsets_conf(twin.test.checkpoint, rescaled.batch)[SHUFFLE] == str(counts[i + 1])
+    # The rescale batches produce no output; every other batch's output is the HDFS query's, in order.
+    assert [rows for _, rows in sorted(twin.test.outputs.items())] == \
+        [rows for _, rows in sorted(twin.ref.outputs.items())]
+    assert twin.ref.rows(), "the scenario produced no output; it checks nothing"
+    assert _offsets_conf(twin.ref.checkpoint, _last_committed(twin.ref.checkpoint))[SHUFFLE] == "3"
+
+
+def test_applyinpandaswithstate_timeouts_survive_a_rescale_to_a_count_that_divides_nothing(finished, tmp_path):
+    """Roll back to batch 1, rescale 2 -> 11 (11 divides no max parallelism here: hash filter), replay:
+    the same outputs, event-time timeouts included; a savepoint of the rescaled checkpoint carries the
+    other partitions' files it names and restores to the same outputs."""
+    original = finished.query
+    ckpt = tmp_path / "rolled-back"
+    restore(str(finished.checkpoint), str(ckpt), batch=1)
+    result = top_level_rescale(str(ckpt), 11)
+    assert (result.batch, result.state_version, result.old_partitions, result.new_partitions) == (2, 3, 2, 11)
+    assert result.manifests == 11 and result.references > 0
+    assert any((ckpt / "state" / "0" / str(p) / REFS_DIR).exists() for p in range(2))
+    # A savepoint and a restore of the rescaled batch are self-contained.
+    restored = tmp_path / "restored"
+    restore(savepoint(str(ckpt), str(tmp_path / "sp")), str(restored))
+    shutil.rmtree(ckpt / "state" / "0" / "0" / "shared")   # the restored copy needs nothing of the source
+    shutil.rmtree(ckpt / "state" / "0" / "1" / "shared")
+    replay = finished.query_on(restored)
+    assert replay.run() == [3, 4, 5]
+    assert [replay.outputs[b] for b in (3, 4, 5)] == [original.outputs[b] for b in (2, 3, 4)]
+    assert any(row[-1] == "timeout" for b in (4, 5) for row in replay.outputs[b]), "no event-time timeout replayed"
+    _ran_with(restored, {0: ["default"]}, 11, 3)
+
+
+def test_cli_rescale_then_the_query_runs_with_the_new_count(finished, tmp_path):
+    original = finished.query
+    ckpt = tmp_path / "rolled-back"
+    restore(str(finished.checkpoint), str(ckpt), batch=1)
+    code, body = cli_json("rescale", ckpt, "3")
+    assert code == 0 and body["ok"] and body["old_partitions"] == 2 and body["new_partitions"] == 3
+    assert body["batch"] == 2 and body["bytes_written"] > 0
+    done = cli("rescale", ckpt, "1")
+    assert "from 3 to 1 partitions at batch 3" in done.stdout
+    replay = finished.query_on(ckpt)
+    assert replay.run() == [4, 5, 6]
+    assert [replay.outputs[b] for b in (4, 5, 6)] == [original.outputs[b] for b in (2, 3, 4)]
+    _ran_with(ckpt, {0: ["default"]}, 1, 4)
+
+
+@pytest.mark.parametrize("count,says", [
+    (0, "must be at least 1, got 0"), (-3, "must be at least 1, got -3"), (2, "already runs with 2 partitions"),
+])
+def test_bad_counts_are_refused_and_nothing_is_written(finished, tmp_path, count, says):
+    ckpt = finished.copy(tmp_path / "ckpt")
+    before = _listing(ckpt)
+    with pytest.raises(CheckpointError, match=says):
+        rescale(str(ckpt), count)
+    assert _listing(ckpt) == before
+    done = cli("rescale", ckpt, str(count), check=False)
+    assert done.returncode == 2 and says in done.stderr
+    assert _listing(ckpt) == before
+
+
+def test_a_checkpoint_of_another_provider_or_none_at_all_is_refused(spark, finished, tmp_path):
+    hdfs = Query(spark, finished.query.build, tmp_path / "hdfs", mode="update", provider="hdfs")
+    hdfs.run()
+    before = _listing(hdfs.checkpoint)
+    with pytest.raises(CheckpointError, match=f"not a spark_state checkpoint.*HDFSBackedStateStoreProvider.*"
+                                              f"{PROVIDER_CLASS}"):
+        rescale(str(hdfs.checkpoint), 4)
+    assert _listing(hdfs.checkpoint) == before
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="is not a Spark checkpoint"):
+        rescale(str(tmp_path / "empty"), 4)
+
+
+def test_memory_storage_is_refused_with_the_fix(finished, tmp_path):
+    ckpt = finished.copy(tmp_path / "ckpt")
+    before = _listing(ckpt)
+    with pytest.raises(CheckpointError, match="memory storage .* Use storage=filesystem"):
+        rescale(str(ckpt), 4, options={"storage": "memory"})
+    assert _listing(ckpt) == before
+
+
+def test_a_last_batch_that_did_not_commit_is_refused_and_nothing_is_written(finished, tmp_path):
+    ckpt = finished.copy(tmp_path / "ckpt")
+    (ckpt / "commits" / "4").unlink()   # batch 4 started (offsets/4) but failed before its commit
+    before = _listing(ckpt)
+    with pytest.raises(CheckpointError, match=r"batch 4 .* did not commit \(last committed: 3\).*Stop the query, or "
+                                              r"restart it and let it commit a batch"):
+        rescale(str(ckpt), 3)
+    assert _listing(ckpt) == before
+
+
+def test_a_running_query_is_refused(spark, finished, tmp_path):
+    ckpt = finished.copy(tmp_path / "ckpt")
+    query = finished.query_on(ckpt)
+    from tests.streaming import provider_conf, sql_conf
+
+    with sql_conf(spark, provider_conf("spark_state")):
+        running = (query.build(spark).writeStream.outputMode("update").option("checkpointLocation", str(ckpt))
+                   .foreachBatch(lambda df, b: None).trigger(processingTime="1 hour").start())
+    try:
+        running.processAllAvailable()
+        before = _listing(ckpt)
+        with pytest.raises(CheckpointError, match=f"query {running.id} is running .* stop it"):
+            rescale(str(ckpt), 3)
+        assert _listing(ckpt) == before
+    finally:
+        running.stop()
+    rescale(str(ckpt), 3)   # stopped: fine
+
+
+def test_an_interrupted_rescale_is_finished_by_running_it_again(finished, tmp_path):
+    """A rescale that died before its commit leaves batch 5 uncommitted: another count is refused,
+    the same count finishes it, and the query then resumes with it."""
+    original = finished.query
+    ckpt = tmp_path / "rolled-back"
+    restore(str(finished.checkpoint), str(ckpt), batch=1)
+    rescale(str(ckpt), 4)
+    (ckpt / "commits" / "2").unlink()   # the rescale's last write never happened
+    with pytest.raises(CheckpointError, match="unfinished rescale to 4 partitions; run the rescale to 4 again"):
+        rescale(str(ckpt), 5)
+    again = rescale(str(ckpt), 4)
+    assert again.batch == 2 and (ckpt / "commits" / "2").exists()
+    replay = finished.query_on(ckpt)
+    assert replay.run() == [3, 4, 5]
+    assert [replay.outputs[b] for b in (3, 4, 5)] == [original.outputs[b] for b in (2, 3, 4)]
