@@ -23,7 +23,9 @@ retried and speculated), so nothing here trusts memory over storage
   compaction writes above, and (c) this process has seen it unreferenced for
   ``file_grace_period``, longer than any commit may take between reading
   its base and writing its manifest (commits past half the period give up).
-  ``abort`` deletes only what this process wrote.
+  ``abort`` deletes only what this process wrote. After a rescale, files that
+  other partitions' manifests name count as referenced while a live
+  reference record says so (``spark_state.references``, rule 6).
 
 Within one process a per-store lock serialises commits and deletions; loads
 and compactions pin the files they read.
