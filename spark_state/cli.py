@@ -147,7 +147,12 @@ def _show_inspect(r: dict) -> None:
     for col in ("kind", "version", "rows", "bytes", "checksum", "path"):
         chain.add_column(col)
     for f in r["chain"]:
-        chain.add_row(f["kind"], str(f["version"]), str(f["rows"]), _human(f["bytes"]), f["checksum"], f["path"])
+        where = f["path"]
+        if f.get("partition") is not None:
+            where += f" (in partition {f['partition']}'s store)"
+        if f.get("modulus") is not None:
+            where += f" [rows with pmod(hash, {f['modulus']}) = {f['residue']}]"
+        chain.add_row(f["kind"], str(f["version"]), str(f["rows"]), _human(f["bytes"]), f["checksum"], where)
     con.print(chain)
     rows = kg["rows_per_key_group"]
     con.print(f"rows per non-empty key group: min {rows['min']}, mean {rows['mean']:.1f}, max {rows['max']}")

@@ -157,12 +157,25 @@ def test_cli_rescale_then_the_query_runs_with_the_new_count(finished, tmp_path):
     code, body = cli_json("rescale", ckpt, "3")
     assert code == 0 and body["ok"] and body["old_partitions"] == 2 and body["new_partitions"] == 3
     assert body["batch"] == 2 and body["bytes_written"] > 0
+    # The tools follow a rescaled chain into the other partitions' stores.
+    code, checked = cli_json("validate", ckpt)
+    assert code == 0 and checked["ok"] and not checked["problems"]
+    code, store = cli_json("inspect", ckpt, "-o", "0", "-p", "2")
+    assert store["version"] == 3 and store["format"] == 3 and store["rows"] > 0
+    assert {f.get("partition") for f in store["chain"]} == {0, 1}
+    assert "in partition 1's store" in cli("inspect", ckpt, "-o", "0", "-p", "2").stdout
     done = cli("rescale", ckpt, "1")
     assert "from 3 to 1 partitions at batch 3" in done.stdout
     replay = finished.query_on(ckpt)
     assert replay.run() == [4, 5, 6]
     assert [replay.outputs[b] for b in (4, 5, 6)] == [original.outputs[b] for b in (2, 3, 4)]
     _ran_with(ckpt, {0: ["default"]}, 1, 4)
+    # A broken file of another store that a retained manifest names is found by validate.
+    rescaled = json.loads((ckpt / "state" / "0" / "0" / "chk-4" / "_metadata").read_text())
+    victim = ckpt / "state" / "0" / "1" / next(f["path"] for f in rescaled["files"] if f.get("partition") == 1)
+    victim.write_bytes(victim.read_bytes()[:-3])
+    code, checked = cli_json("validate", ckpt, check=False)
+    assert code == 1 and any(victim.name in p["file"] for p in checked["problems"])
 
 
 @pytest.mark.parametrize("count,says", [

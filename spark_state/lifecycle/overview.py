@@ -110,7 +110,10 @@ def store_report(location: str, operator: int, partition: int, store: str = "def
         "root": vs.storage.root, "version": version, "batch": version - 1, "rows": table.num_rows,
         "commit_id": manifest.commit_id, "format": manifest.format,
         "chain": [{"path": f.path, "kind": f.kind, "version": f.version, "rows": f.rows, "bytes": f.size,
-                   "checksum": f.checksum} for f in manifest.files],
+                   "checksum": f.checksum,
+                   # a rescaled chain: the file is in partition `partition`'s store; only pmod(hash, modulus) == residue
+                   **({"partition": f.partition, "modulus": f.modulus, "residue": f.residue} if f.is_slice else {})}
+                  for f in manifest.files],
         "key_groups": _histogram(kg, manifest.max_parallelism),
     }
 

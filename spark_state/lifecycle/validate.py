@@ -10,7 +10,7 @@ raised, so one run names every bad file.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from spark_state.checkpoint import SparkCheckpoint, StoreId, settings_from
@@ -143,10 +143,13 @@ def validate(location: str, *, batch: int | None = None, options: Mapping[str, s
                         continue
                     report.files += 1
                     for entry in manifest.files:
-                        if (root.url, entry.path) in seen:
+                        # a rescaled chain names files in other partitions' stores (manifest format 3)
+                        holder = root if entry.partition is None else \
+                            Dir(ckpt.store_root(replace(sid, partition=entry.partition)))
+                        if (holder.url, entry.path) in seen:
                             continue
-                        seen.add((root.url, entry.path))
-                        _check(Item(entry.path, root, entry.path, size=entry.size, checksum=entry.checksum), report)
+                        seen.add((holder.url, entry.path))
+                        _check(Item(entry.path, holder, entry.path, size=entry.size, checksum=entry.checksum), report)
             except SparkStateError as err:
                 report.problems.append(Problem(ckpt.store_root(sid), str(err)))
             task.advance()
