@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install shim bench bench-quick clean
+.PHONY: demo test install shim bench bench-quick bench-rescale clean
 
 demo: install
 	$(PY) -m spark_state.demo
@@ -33,6 +33,9 @@ bench: install
 
 bench-quick: install
 	$(PY) -m benchmarks.run --quick
+
+bench-rescale: install
+	$(PY) -m benchmarks.rescale
 
 clean:
 	rm -rf $(VENV) jvm-shim/build .pytest_cache .hypothesis
