@@ -62,6 +62,11 @@ class FileEntry:
     def is_slice(self) -> bool:
         return self.partition is not None or self.modulus is not None
 
+    @property
+    def ident(self) -> tuple:
+        """What a chain entry stands for: the file (in which store) and which of its rows."""
+        return self.partition, self.path, self.modulus, self.residue
+
     def to_dict(self) -> dict:
         body = asdict(self)
         for name in _SLICE_FIELDS:

@@ -166,9 +166,9 @@ class VersionedStore:
         self._maintenance_lock = threading.Lock()
         self._cache: dict[int, tuple[str | None, Manifest]] = {}   # version -> (listing stamp, manifest)
         self._pins: collections.Counter[str] = collections.Counter()
-        #: In-process shortcut after a compaction: (chain prefix paths, snapshot, its version, monotonic time
+        #: In-process shortcut after a compaction: (chain prefix entries, snapshot, its version, monotonic time
         #: written). Later commits whose base chain starts with that prefix build on the snapshot instead.
-        self._rebase: tuple[tuple[str, ...], FileEntry, int, float] | None = None
+        self._rebase: tuple[tuple[tuple, ...], FileEntry, int, float] | None = None
         self._deferred: SparkStateError | None = None          # a maintenance failure to surface on commit
         self._leftovers: dict[int, set[str]] = {}              # files this process wrote and could not remove
         self._unreferenced_since: dict[str, float] = {}        # retention's grace clock, per file
@@ -349,7 +349,7 @@ class VersionedStore:
         if self._rebase is None:
             return chain
         prefix, entry, compacted_version, written = self._rebase
-        if tuple(f.path for f in chain[:len(prefix)]) != prefix:
+        if tuple(f.ident for f in chain[:len(prefix)]) != prefix:
             return chain
         if compacted_version < version - max(keep or MIN_KEPT_VERSIONS, MIN_KEPT_VERSIONS) + 1:
             return chain
@@ -541,7 +541,8 @@ class VersionedStore:
                     self.storage.delete_files([path])
                     return
                 self.storage.commit_compaction(version, CompactionRecord(version, manifest.commit_id, entry).to_json())
-                self._rebase = (tuple(manifest.paths), entry, version, time.monotonic())
+                # the whole chain, slices of other stores' files included (manifest.paths is this store's files)
+                self._rebase = (tuple(f.ident for f in manifest.files), entry, version, time.monotonic())
                 self._deferred = None
             log.info("compacted %s version %d: %d deltas -> snapshot of %d rows (%d bytes)", self.name, version,
                      manifest.deltas_since_snapshot, encoded.rows, encoded.size)
