@@ -155,7 +155,7 @@ class VersionedStore:
                  query_id: str | None = None, *, partition: int | None = None,
                  siblings: Callable[[int], CheckpointStorage] | None = None):
         self.storage = storage
-        # After a rescale, chains name files of other partitions' stores (manifest format 2):
+        # After a rescale, chains name files of other partitions' stores (manifest format 3):
         self._partition = partition
         self._siblings = siblings
         self._sibling_storages: dict[int, CheckpointStorage] = {}

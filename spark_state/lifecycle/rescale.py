@@ -8,7 +8,7 @@ every row of state through a Spark job as version ``N+2``, updates the
 operator metadata and writes ``commits/N+1``; the restarted query resumes
 with batch ``N+2`` under the new count. This does the same steps but writes
 no state: the manifest of version ``N+2`` of each new partition ``p'`` names
-the old partitions' files as *slices* (manifest format 2), the rows of each
+the old partitions' files as *slices* (manifest format 3), the rows of each
 file that Spark routes to ``p'``:
 
 - the old partitions that can hold such rows and their key groups come from
