@@ -20,7 +20,7 @@ from spark_state.references import REFS_DIR
 from spark_state.sparklog import CheckpointError
 from tests.lifecycle import cli, cli_json, finished_checkpoint
 from tests.scenarios import SCENARIOS
-from tests.streaming import JsonStream, Query, Twin
+from tests.streaming import JsonStream, Query, Twin, read_state
 
 SHUFFLE = "spark.sql.shuffle.partitions"
 
@@ -127,14 +127,19 @@ def test_rescale_3_to_6_to_2_gives_exactly_the_output_of_a_query_that_never_resc
     assert _offsets_conf(twin.ref.checkpoint, _last_committed(twin.ref.checkpoint))[SHUFFLE] == "3"
 
 
-def test_applyinpandaswithstate_timeouts_survive_a_rescale_to_a_count_that_divides_nothing(finished, tmp_path):
+def test_applyinpandaswithstate_timeouts_survive_a_rescale_to_a_count_that_divides_nothing(spark, finished, tmp_path):
     """Roll back to batch 1, rescale 2 -> 11 (11 divides no max parallelism here: hash filter), replay:
     the same outputs, event-time timeouts included; a savepoint of the rescaled checkpoint carries the
     other partitions' files it names and restores to the same outputs."""
     original = finished.query
     ckpt = tmp_path / "rolled-back"
     restore(str(finished.checkpoint), str(ckpt), batch=1)
+    state_before = read_state(spark, ckpt)
     result = top_level_rescale(str(ckpt), 11)
+    # Spark's own state reader sees the same rows at the rescale batch, each in the partition Spark routes it to.
+    state_after = read_state(spark, ckpt)
+    assert state_before and sorted(r[:-1] for r in state_after) == sorted(r[:-1] for r in state_before)
+    assert {r[-1] for r in state_after} - set(range(11)) == set() and len({r[-1] for r in state_after}) > 2
     assert (result.batch, result.state_version, result.old_partitions, result.new_partitions) == (2, 3, 2, 11)
     assert result.manifests == 11 and result.references > 0
     assert any((ckpt / "state" / "0" / str(p) / REFS_DIR).exists() for p in range(2))
