@@ -99,24 +99,22 @@ public class SparkStateProvider implements StateStoreProvider {
   }
 
   // ------------------------------------------------------------------ trait fields
+  // Members only some Spark versions declare carry no @Override (see SparkCompat).
+  // Spark 4.3: the StateStoreProvider trait fields maintenanceLock and unloaded.
 
-  @Override
   public void org$apache$spark$sql$execution$streaming$state$StateStoreProvider$_setter_$maintenanceLock_$eq(
       ReentrantReadWriteLock lock) {
     this.maintenanceLock = lock;
   }
 
-  @Override
   public ReentrantReadWriteLock maintenanceLock() {
     return maintenanceLock;
   }
 
-  @Override
   public boolean unloaded() {
     return unloaded;
   }
 
-  @Override
   public void unloaded_$eq(boolean value) {
     this.unloaded = value;
   }
@@ -221,7 +219,12 @@ public class SparkStateProvider implements StateStoreProvider {
 
   // ------------------------------------------------------------------ stores
 
-  @Override
+  /** Spark 4.0 and 4.1. */
+  public StateStore getStore(long version, Option<String> uniqueId) {
+    return getStore(version, uniqueId, false, false);
+  }
+
+  /** Spark 4.2 and 4.3. */
   public synchronized StateStore getStore(long version, Option<String> uniqueId, boolean forceSnapshotOnCommit,
       boolean loadEmpty) {
     if (version < 0) {
@@ -356,9 +359,7 @@ public class SparkStateProvider implements StateStoreProvider {
     h.put("baseCommitId", map.commitId);
     h.put("minVersionsToRetain", storeConf.minVersionsToRetain());
     JsonNode reply = WorkerClient.get().call(h, body, options);
-    if (storeConf.commitValidationEnabled()) {
-      StateStore.reportCommitToCoordinator(newVersion, stateStoreId, hadoopConf);
-    }
+    SparkCompat.reportCommitIfValidating(storeConf, newVersion, stateStoreId, hadoopConf);
     noteMaintenance(reply);
     return reply;
   }
@@ -439,12 +440,10 @@ public class SparkStateProvider implements StateStoreProvider {
     }
   }
 
-  @Override
   public void doCleanupMaintenance() {
     doMaintenance();
   }
 
-  @Override
   public void doSnapshotMaintenance() {
     // Snapshots are compacted by the worker in the background; cleanup triggers it.
   }

@@ -8,6 +8,7 @@ import org.apache.spark.sql.execution.streaming.state.UnsafeRowPair;
 
 /** A read-only view of one version (the provider's live map, or a private copy of an older version). */
 final class SparkStateReadStore implements ReadStateStore {
+  // No @Override on members Spark 4.0/4.1 lacks (multi-value scans, release, allColumnFamilyNames).
   private final SparkStateProvider provider;
   private final StateMap map;
   private final long version;
@@ -45,7 +46,6 @@ final class SparkStateReadStore implements ReadStateStore {
     return SparkStateStore.wrap(map.prefixScan(prefixKey));
   }
 
-  @Override
   public StateStoreIterator<UnsafeRowPair> prefixScanWithMultiValues(UnsafeRow prefixKey, String colFamilyName) {
     throw provider.multipleValuesUnsupported("prefixScanWithMultiValues");
   }
@@ -56,7 +56,6 @@ final class SparkStateReadStore implements ReadStateStore {
     return SparkStateStore.wrap(map.iterator());
   }
 
-  @Override
   public StateStoreIterator<UnsafeRowPair> iteratorWithMultiValues(String colFamilyName) {
     throw provider.multipleValuesUnsupported("iteratorWithMultiValues");
   }
@@ -64,10 +63,8 @@ final class SparkStateReadStore implements ReadStateStore {
   @Override
   public void abort() {}
 
-  @Override
   public void release() {}
 
-  @Override
   public scala.collection.immutable.Set<String> allColumnFamilyNames() {
     return SparkStateStore.defaultFamilyOnly();
   }

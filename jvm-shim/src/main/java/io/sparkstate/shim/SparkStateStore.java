@@ -167,7 +167,7 @@ final class SparkStateStore implements StateStore {
     custom.put(SparkStateProvider.METRIC_BYTES_WRITTEN, bytesWritten);
     custom.put(SparkStateProvider.METRIC_WORKER_RESTARTS, WorkerClient.threadRestarts() - restartsAtStart);
     custom.put(SparkStateProvider.METRIC_MAINTENANCE_FAILURES, provider.maintenanceFailures());
-    return new StateStoreMetrics(map.size(), map.bytes(), immutableMap(custom), immutableMap(Collections.emptyMap()));
+    return SparkCompat.metrics(map.size(), map.bytes(), immutableMap(custom));
   }
 
   @Override
@@ -182,6 +182,7 @@ final class SparkStateStore implements StateStore {
   }
 
   // ------------------------------------------------ unsupported: column families, multiple values
+  // (no @Override where Spark 4.0/4.1 lacks the member; see SparkCompat)
 
   @Override
   public void createColFamilyIfAbsent(String colFamilyName, StructType keySchema, StructType valueSchema,
@@ -197,7 +198,6 @@ final class SparkStateStore implements StateStore {
     throw provider.columnFamiliesUnsupported("removeColFamilyIfExists(" + colFamilyName + ")");
   }
 
-  @Override
   public void putList(UnsafeRow key, UnsafeRow[] values, String colFamilyName) {
     throw provider.multipleValuesUnsupported("putList");
   }
@@ -207,7 +207,6 @@ final class SparkStateStore implements StateStore {
     throw provider.multipleValuesUnsupported("merge");
   }
 
-  @Override
   public void mergeList(UnsafeRow key, UnsafeRow[] values, String colFamilyName) {
     throw provider.multipleValuesUnsupported("mergeList");
   }
@@ -217,17 +216,14 @@ final class SparkStateStore implements StateStore {
     throw provider.multipleValuesUnsupported("valuesIterator");
   }
 
-  @Override
   public StateStoreIterator<UnsafeRowPair> prefixScanWithMultiValues(UnsafeRow prefixKey, String colFamilyName) {
     throw provider.multipleValuesUnsupported("prefixScanWithMultiValues");
   }
 
-  @Override
   public StateStoreIterator<UnsafeRowPair> iteratorWithMultiValues(String colFamilyName) {
     throw provider.multipleValuesUnsupported("iteratorWithMultiValues");
   }
 
-  @Override
   public scala.collection.immutable.Set<String> allColumnFamilyNames() {
     return defaultFamilyOnly();
   }
