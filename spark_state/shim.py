@@ -1,13 +1,17 @@
-"""Builds and locates the JVM shim jar (``jvm-shim/``) for the installed PySpark.
+"""Locates (and in a source tree, builds) the JVM shim jar for the installed PySpark.
 
-The shim is compiled with ``javac --release 17`` against the jars of the installed
-``pyspark`` (no Maven, no Scala compiler) into
-``jvm-shim/build/spark-state-shim-spark<version>.jar``. It is rebuilt when the jar
-for the installed Spark version is missing or a ``.java`` source is newer.
+A wheel carries the jar prebuilt at ``spark_state/jars/spark-state-shim.jar`` (compiled by the
+wheel build, see setup.py), so an installed spark_state needs no JDK. In a source tree
+(editable install, development) the shim is compiled on demand with ``javac --release 17``
+against the jars of the installed ``pyspark`` (no Maven, no Scala compiler) into
+``jvm-shim/build/spark-state-shim-spark<version>.jar``, rebuilt when that jar is missing or a
+``.java`` source is newer.
 
-``python -m spark_state.shim build`` builds and prints the jar path.
+One jar serves Spark 4.0 to 4.3 (see jvm-shim/.../SparkCompat.java); other versions are refused
+here, before Spark starts, with a message naming the supported ones.
+
+``python -m spark_state.shim build`` builds (if needed) and prints the jar path.
 """
-
 from __future__ import annotations
 
 import os
@@ -17,21 +21,37 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["ShimBuildError", "shim_jar", "shim_dir", "spark_version", "spark_jars_dir"]
+__all__ = ["ShimBuildError", "UnsupportedSparkVersion", "SUPPORTED_SPARK", "shim_jar", "shim_dir",
+           "packaged_jar", "spark_version", "spark_jars_dir", "check_spark_version", "build_jar"]
+
+#: Spark minor versions the shim is built and tested for (pyproject: pyspark>=4.0,<4.4).
+SUPPORTED_SPARK = ("4.0", "4.1", "4.2", "4.3")
+#: Where the wheel build puts the compiled shim, relative to the spark_state package.
+PACKAGED_JAR = Path("jars") / "spark-state-shim.jar"
 
 
 class ShimBuildError(RuntimeError):
     """The shim jar cannot be built; the message says why and how to fix it."""
 
 
+class UnsupportedSparkVersion(ShimBuildError):
+    """The installed pyspark is not one the shim supports."""
+
+
+def packaged_jar() -> Path:
+    """Where a wheel install keeps the prebuilt jar (it may not exist: source trees build it)."""
+    return Path(__file__).resolve().parent / PACKAGED_JAR
+
+
 def shim_dir() -> Path:
-    """The ``jvm-shim/`` directory next to the package (the project is installed editable)."""
+    """The ``jvm-shim/`` source directory next to the package (source tree / editable install)."""
     path = Path(__file__).resolve().parent.parent / "jvm-shim"
     if not (path / "src" / "main" / "java").is_dir():
         raise ShimBuildError(
-            f"spark_state: the JVM shim sources are not at {path}/src/main/java. spark_state must be "
-            "installed from its source tree in editable mode (pip install -e .) so that jvm-shim/ sits "
-            "next to the spark_state package."
+            f"spark_state: this installation has neither the prebuilt JVM shim jar ({packaged_jar()}) "
+            f"nor the shim sources ({path}/src/main/java). Install spark_state from its wheel "
+            "(pip install spark_state-<version>-py3-none-any.whl, which carries the jar), or from a "
+            "source checkout in editable mode (pip install -e .), which compiles the shim with javac."
         )
     return path
 
@@ -46,6 +66,18 @@ def _pyspark():
 
 def spark_version() -> str:
     return _pyspark().__version__
+
+
+def check_spark_version(version: str | None = None) -> str:
+    """Returns the (installed) Spark version, or raises UnsupportedSparkVersion naming the supported ones."""
+    version = spark_version() if version is None else version
+    if ".".join(version.split(".")[:2]) not in SUPPORTED_SPARK:
+        raise UnsupportedSparkVersion(
+            f"spark_state: pyspark {version} is not supported; spark_state supports Spark "
+            f"{', '.join(SUPPORTED_SPARK[:-1])} and {SUPPORTED_SPARK[-1]} (any patch release). "
+            "Install one of them, e.g. pip install 'pyspark>=4.0,<4.4'."
+        )
+    return version
 
 
 def spark_jars_dir() -> Path:
@@ -79,8 +111,8 @@ def _tool(name: str) -> str:
     if found is None:
         raise ShimBuildError(
             f"spark_state: `{name}` was not found on PATH (or in $JAVA_HOME/bin); building the JVM shim "
-            "needs a JDK 17: install one (e.g. apt-get install openjdk-17-jdk-headless) and make sure "
-            f"`{name}` is on PATH."
+            "from source needs a JDK 17: install one (e.g. apt-get install openjdk-17-jdk-headless) and make "
+            f"sure `{name}` is on PATH, or install spark_state from its wheel, which carries the jar prebuilt."
         )
     return found
 
@@ -95,23 +127,23 @@ def _run(cmd: list[str], what: str) -> None:
         )
 
 
-def _build(root: Path, sources: list[Path], jar: Path) -> None:
+def build_jar(sources: list[Path], jar: Path, workdir: Path) -> None:
+    """Compiles ``sources`` against the installed pyspark's jars into ``jar`` (classes in ``workdir``)."""
     javac = _tool("javac")
     jar_tool = _tool("jar")
     classpath = str(spark_jars_dir() / "*")
-    build = root / "build"
-    classes = build / "classes"
-    build.mkdir(parents=True, exist_ok=True)
+    classes = workdir / "classes"
+    jar.parent.mkdir(parents=True, exist_ok=True)
     if classes.exists():
         shutil.rmtree(classes)
-    classes.mkdir()
+    classes.mkdir(parents=True)
     _run(
         [javac, "--release", "17", "-nowarn", "-encoding", "UTF-8", "-cp", classpath, "-d", str(classes)]
         + [str(s) for s in sources],
         "compiling the JVM shim with javac",
     )
     # Build into a temporary file, then rename: a concurrent reader never sees half a jar.
-    fd, tmp = tempfile.mkstemp(prefix=".shim-", suffix=".jar", dir=build)
+    fd, tmp = tempfile.mkstemp(prefix=".shim-", suffix=".jar", dir=jar.parent)
     os.close(fd)
     try:
         _run([jar_tool, "--create", "--file", tmp, "-C", str(classes), "."], "packaging the JVM shim with jar")
@@ -122,10 +154,16 @@ def _build(root: Path, sources: list[Path], jar: Path) -> None:
 
 
 def shim_jar(build: bool = True) -> Path:
-    """Path of the shim jar for the installed Spark; (re)builds it when needed unless ``build=False``.
+    """Path of the shim jar for the installed Spark.
 
-    With ``build=False`` a missing jar is an error (a stale one is returned as is).
+    A wheel install returns its prebuilt jar (no JDK needed). A source tree (re)builds
+    ``jvm-shim/`` when needed unless ``build=False``; then a missing jar is an error (a stale
+    one is returned as is). An unsupported pyspark raises UnsupportedSparkVersion.
     """
+    check_spark_version()
+    packaged = packaged_jar()
+    if packaged.is_file():
+        return packaged
     root = shim_dir()
     jar = _jar_path(root)
     sources = _sources(root)
@@ -139,7 +177,7 @@ def shim_jar(build: bool = True) -> Path:
                 f"spark_state: the JVM shim jar {jar} has not been built for Spark {spark_version()}; "
                 "run `python -m spark_state.shim build` (or `make shim`)."
             )
-        _build(root, sources, jar)
+        build_jar(sources, jar, root / "build")
     return jar
 
 
