@@ -62,6 +62,11 @@ def configure(builder, **options: Any):
     ``options`` are the plugin's options in snake_case (see ``spark_state.options``):
     ``configure(SparkSession.builder, storage="filesystem", snapshot_interval=5)``.
     A ``spark.jars`` value already on the builder is kept; the shim jar is appended.
+
+    ``spark.jars`` only reaches the driver's classpath when it starts the JVM. When a JVM is
+    already running in this process (a notebook that started a plain session first, or an
+    application under spark-submit without ``--jars``), the builder's ``getOrCreate()`` also
+    adds the jar to the driver's class loader (see ``ensure_driver_classpath``).
     """
     conf = spark_conf(**options)
     for key in ("spark.jars", _LISTENERS_KEY):   # lists: keep what the builder already has
@@ -72,4 +77,57 @@ def configure(builder, **options: Any):
         builder = builder.config(key, value)
     for key, value in conf.items():
         builder = builder.config(key, value)
+    get_or_create = builder.getOrCreate
+
+    def get_or_create_with_shim():
+        session = get_or_create()
+        ensure_driver_classpath(session, jar)
+        return session
+
+    get_or_create_with_shim.__doc__ = get_or_create.__doc__
+    builder.getOrCreate = get_or_create_with_shim
     return builder
+
+
+def ensure_driver_classpath(session, jar: str) -> None:
+    """Makes the provider class loadable by ``session``'s driver, or raises ShimNotLoaded saying what to do.
+
+    Spark loads the provider with the thread's context class loader. A JVM started before
+    spark_state was configured lacks the jar there; when that loader is Spark's
+    MutableURLClassLoader (pyspark and spark-submit start the driver with one), the jar is
+    added to it. Spark Connect sessions have no driver here and are left alone.
+    """
+    try:
+        jvm = session.sparkContext._jvm
+    except Exception:  # noqa: BLE001 - Spark Connect: the server's classpath is its own conf
+        return
+    from py4j.protocol import Py4JError
+
+    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+
+    def loadable() -> bool:
+        try:
+            jvm.java.lang.Class.forName(PROVIDER_CLASS, False, loader)
+            return True
+        except Py4JError:
+            return False
+
+    if loadable():
+        return
+    try:
+        loader.addURL(jvm.java.io.File(jar).toURI().toURL())
+    except Py4JError:
+        pass
+    if not loadable():
+        raise ShimNotLoaded(
+            "spark_state: the Spark JVM of this Python process was started without the spark_state jar "
+            f"({jar}) and its class loader ({loader.getClass().getName()}) cannot take it now, so Spark "
+            f"would fail with ClassNotFoundException: {PROVIDER_CLASS}. Fix: restart the Python process "
+            "(in a notebook: restart the kernel) and call spark_state.configure(builder) before the first "
+            "SparkSession is created, or start Spark with --jars set to that jar "
+            "(python -m spark_state.shim path prints it)."
+        )
+
+
+class ShimNotLoaded(RuntimeError):
+    """The running Spark driver cannot load the spark_state provider class."""
