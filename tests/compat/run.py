@@ -1,0 +1,99 @@
+"""Compatibility matrix: the wheel beside each supported pyspark, no JDK at run time.
+
+    python -m tests.compat.run [--versions 4.0.5 4.1.4 4.2.1] [--wheel PATH] [--workdir DIR]
+
+For each version: a fresh virtualenv with the wheel and ``pyspark==VERSION`` installed by pip
+(every dependency resolved and installed from the index or pip's cache, nothing shared with
+the development environment), then tests/wheel_app.py twice with ``java`` but no ``javac`` on
+PATH: a running-total applyInPandasWithState query, stopped and restarted from its checkpoint
+in a second application, must continue every key's total, and the provider-contract check
+(no abstract method of that version's StateStoreProvider / StateStore / ReadStateStore left
+unimplemented by the shim classes, loaded in that version's JVM) must come back empty.
+Prints one line per version with the measured times; exits 1 if any version failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests import wheel_app, wheel_env
+
+#: Latest patch release of each supported minor version besides the development pin (4.3).
+DEFAULT_VERSIONS = ["4.0.5", "4.1.4", "4.2.1"]
+
+
+def check_version(wheel: Path, version: str, work: Path) -> dict:
+    """Installs and runs one version; returns its record (``ok``, ``error``, times in seconds)."""
+    record: dict = {"pyspark": version, "ok": False}
+    t0 = time.monotonic()
+    try:
+        python = wheel_env.make_venv(work / "venv")
+        wheel_env.pip_install(python, wheel, f"pyspark=={version}", log=work / "pip.log")
+        record["install_s"] = round(time.monotonic() - t0, 1)
+        env = wheel_env.jre_env(work)
+        results = []
+        for phase in (1, 2):
+            t = time.monotonic()
+            results.append(wheel_env.run_app(python, work / "app", phase, env, args=["--configure"]))
+            record[f"phase{phase}_s"] = round(time.monotonic() - t, 1)
+        problems = []
+        for phase, result in enumerate(results, start=1):
+            expected = {k: v for k, v in wheel_app.expected_totals(phase).items()
+                        if k in {k for k, _ in wheel_app.EVENTS[phase]}}
+            if result["spark"] != version:
+                problems.append(f"phase {phase} ran Spark {result['spark']}, not {version}")
+            if result["javac"]:
+                problems.append(f"javac was on PATH: {result['javac']}")
+            if not result["jar"].startswith(str(work / "venv")):
+                problems.append(f"the shim jar {result['jar']} is not the installed wheel's")
+            if result["totals"] != expected:
+                problems.append(f"phase {phase} totals {result['totals']}, expected {expected}")
+            unimplemented = {c: m for c, m in result["contract"].items() if m}
+            if unimplemented:
+                problems.append(f"abstract methods left unimplemented: {unimplemented}")
+        record["ok"] = not problems
+        record["error"] = "; ".join(problems) or None
+    except wheel_env.AppFailed as err:
+        record["error"] = str(err)
+    record["total_s"] = round(time.monotonic() - t0, 1)
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--versions", nargs="+", default=DEFAULT_VERSIONS)
+    parser.add_argument("--wheel", type=Path, help="an already built wheel (default: build one)")
+    parser.add_argument("--workdir", type=Path, help="keep venvs and logs here (default: a temporary dir)")
+    args = parser.parse_args(argv)
+
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="spark-state-compat-"))
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    wheel = args.wheel
+    if wheel is None:
+        t = time.monotonic()
+        wheel = wheel_env.build_wheel(work / "dist")
+        print(f"built {wheel.name} in {time.monotonic() - t:.1f} s", flush=True)
+    records = []
+    for version in args.versions:
+        record = check_version(wheel, version, work / f"pyspark-{version}")
+        records.append(record)
+        times = ", ".join(f"{k} {v} s" for k, v in record.items() if k.endswith("_s"))
+        status = "ok" if record["ok"] else "FAILED: " + record["error"]
+        print(f"pyspark {version}: {status} ({times})", flush=True)
+    (work / "results.json").write_text(json.dumps(records, indent=2))
+    print(f"compat matrix done in {time.monotonic() - started:.0f} s (logs and results.json in {work})")
+    print(f"compat: {sum(r['ok'] for r in records)} passed, {sum(not r['ok'] for r in records)} failed", flush=True)
+    if args.workdir is None and all(r["ok"] for r in records):
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if all(r["ok"] for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
