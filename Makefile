@@ -1,12 +1,14 @@
 # The two commands of the README:
 #   make demo   installs everything and runs the main job (stop + restart from checkpoint)
 #   make test   installs everything and runs the test suite
+#   make wheel  builds dist/spark_state-*.whl (with the JVM shim jar inside)
+#   make test-compat  the wheel beside pyspark 4.0, 4.1 and 4.2 (opt-in, ~10-15 min)
 PYTHON ?= python3.11
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install shim bench bench-quick bench-rescale clean
+.PHONY: demo test install shim bench bench-quick bench-rescale clean wheel test-compat
 
 demo: install
 	$(PY) -m spark_state.demo
@@ -28,6 +30,13 @@ $(STAMP): pyproject.toml
 shim: $(STAMP)
 	$(PY) -m spark_state.shim build
 
+# PEP 517 build (isolated: installs pyspark 4.3 into the build environment and compiles the shim).
+wheel: $(STAMP)
+	$(PY) -m pip wheel --no-deps -w dist .
+
+test-compat: install
+	$(PY) -m tests.compat.run $(COMPAT_ARGS)
+
 bench: install
 	$(PY) -m benchmarks.run
 
@@ -38,4 +47,4 @@ bench-rescale: install
 	$(PY) -m benchmarks.rescale
 
 clean:
-	rm -rf $(VENV) jvm-shim/build .pytest_cache .hypothesis
+	rm -rf $(VENV) jvm-shim/build build dist .pytest_cache .hypothesis

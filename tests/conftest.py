@@ -120,3 +120,11 @@ def scenario_run(spark, tested, tmp_path_factory):
         return result
 
     return get
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory):
+    """spark_state's wheel, built once per run from a clean copy of the source tree (tests/wheel_env.py)."""
+    from tests import wheel_env
+
+    return wheel_env.build_wheel(tmp_path_factory.mktemp("wheel"))

@@ -93,3 +93,35 @@ def test_cli_build_prints_jar_path(shim_copy, capsys):
     assert printed.endswith(f"spark-state-shim-spark{shim.spark_version()}.jar")
     assert Path(printed).is_file()
     assert shim.main(["bogus"]) == 2
+
+
+@pytest.mark.parametrize("version", ["3.5.4", "4.4.0", "5.0.0"])
+def test_unsupported_spark_is_refused_naming_the_supported_ones(version):
+    with pytest.raises(shim.UnsupportedSparkVersion) as err:
+        shim.check_spark_version(version)
+    msg = str(err.value)
+    assert f"pyspark {version} is not supported" in msg
+    assert "4.0, 4.1, 4.2 and 4.3" in msg and "pyspark>=4.0,<4.4" in msg
+
+
+@pytest.mark.parametrize("version", ["4.0.0", "4.1.4", "4.2.1", "4.3.0"])
+def test_supported_spark_versions_pass(version):
+    assert shim.check_spark_version(version) == version
+
+
+def test_packaged_jar_is_used_without_compiling(shim_copy, monkeypatch, tmp_path):
+    # A wheel install: the jar next to the package, and no javac anywhere.
+    package = tmp_path / "site" / "spark_state"
+    (package / "jars").mkdir(parents=True)
+    (package / "jars" / "spark-state-shim.jar").write_bytes(b"PK\x05\x06" + b"\0" * 18)
+    monkeypatch.setattr(shim, "__file__", str(package / "shim.py"))
+    monkeypatch.setattr(shim.shutil, "which", lambda name: None)
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    assert shim.shim_jar() == package / "jars" / "spark-state-shim.jar"
+    assert not (shim_copy / "build").exists()
+
+
+def test_unsupported_installed_spark_stops_shim_jar(monkeypatch):
+    monkeypatch.setattr(shim, "spark_version", lambda: "3.5.1")
+    with pytest.raises(shim.UnsupportedSparkVersion, match="3.5.1"):
+        shim.shim_jar()

@@ -19,11 +19,6 @@ from tests import wheel_app, wheel_env
 needs_jdk = pytest.mark.skipif(shutil.which("javac") is None, reason="building the wheel needs a JDK 17")
 
 
-@pytest.fixture(scope="session")
-def wheel(tmp_path_factory):
-    return wheel_env.build_wheel(tmp_path_factory.mktemp("wheel"))
-
-
 @needs_jdk
 def test_wheel_carries_the_compiled_shim_and_no_sources(wheel):
     with zipfile.ZipFile(wheel) as zf:
