@@ -41,7 +41,7 @@ class Cluster:
     def _start(self, name: str, *args) -> Path:
         log = self.work / f"{name}.log"
         with open(log, "w") as out:
-            self.procs.append(subprocess.Popen([self.bin / "spark-class", *args], stdout=out,
+            self.procs.append(subprocess.Popen([str(self.bin / "spark-class"), *map(str, args)], stdout=out,
                                                stderr=subprocess.STDOUT, env=self.env, cwd=self.work,
                                                stdin=subprocess.DEVNULL))
         return log
