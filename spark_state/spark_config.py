@@ -69,6 +69,7 @@ def configure(builder, **options: Any):
     adds the jar to the driver's class loader (see ``ensure_driver_classpath``).
     """
     conf = spark_conf(**options)
+    jar = conf["spark.jars"]
     for key in ("spark.jars", _LISTENERS_KEY):   # lists: keep what the builder already has
         existing = builder._options.get(key) if hasattr(builder, "_options") else None
         value = conf.pop(key)
