@@ -46,6 +46,7 @@ def test_installed_wheel_restores_state_after_restart_without_javac(wheel, tmp_p
         assert result["javac"] is None
         assert result["jar"].startswith(str(installed_jar)) and result["jar"].endswith("spark_state/jars/spark-state-shim.jar")
         assert result["provider"] == "io.sparkstate.shim.SparkStateProvider"
+        assert "io.sparkstate.shim.MaintenanceWarnings" in result["listeners"]
         assert result["contract"] == {name: [] for name in wheel_app.SHIM_CLASSES}
         assert result["pythons"] == [str(python)]
     assert first["totals"] == {"a": 4, "b": 2}

@@ -11,7 +11,8 @@ then phase 2 in a new process to restart from the checkpoint. ``--configure`` tu
 spark_state on with ``spark_state.configure(builder)``; without it, the application expects
 the plain conf (``--jars`` and ``--conf`` lines, e.g. from spark-submit). It prints one line
 ``RESULT {json}``: Spark's version, the shim jar, whether javac is on PATH, the provider
-class in use, the provider-contract check (abstract methods the shim classes leave
+class in use, the query listeners registered (spark_state's maintenance warnings among them),
+the provider-contract check (abstract methods the shim classes leave
 unimplemented on this Spark), each key's latest total and the Python that ran the UDF.
 """
 
@@ -35,6 +36,7 @@ SHIM_CLASSES = {
     "io.sparkstate.shim.SparkStateProvider": "org.apache.spark.sql.execution.streaming.state.StateStoreProvider",
     "io.sparkstate.shim.SparkStateStore": "org.apache.spark.sql.execution.streaming.state.StateStore",
     "io.sparkstate.shim.SparkStateReadStore": "org.apache.spark.sql.execution.streaming.state.ReadStateStore",
+    "io.sparkstate.shim.MaintenanceWarnings": "org.apache.spark.sql.streaming.StreamingQueryListener",
 }
 
 
@@ -131,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         "javac": shutil.which("javac"),
         "provider": spark.conf.get("spark.sql.streaming.stateStore.providerClass", None),
         "contract": contract(spark),
+        "listeners": sorted(l.getClass().getName() for l in spark._jsparkSession.streams().listListeners()),
         "totals": totals,
         "pythons": sorted({row["python"] for row in outputs}),
         "pid": os.getpid(),

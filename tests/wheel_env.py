@@ -85,7 +85,10 @@ def make_venv(path: Path, *, share_current_site: bool = False) -> Path:
 def pip_install(python: Path, *requirements, no_deps: bool = False, log: Path) -> str:
     cmd = [sys.executable, "-m", "pip", "--python", python, "install", "--disable-pip-version-check"]
     if no_deps:
-        cmd.append("--no-deps")
+        # --ignore-installed: a venv made with share_current_site sees this environment's
+        # (editable) spark_state, which pip would otherwise call "already installed"; pip then
+        # installs into the new venv and leaves this environment untouched.
+        cmd += ["--no-deps", "--ignore-installed"]
     return run(cmd + list(requirements), log=log)
 
 

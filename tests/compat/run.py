@@ -54,6 +54,8 @@ def check_version(wheel: Path, version: str, work: Path) -> dict:
                 problems.append(f"the shim jar {result['jar']} is not the installed wheel's")
             if result["totals"] != expected:
                 problems.append(f"phase {phase} totals {result['totals']}, expected {expected}")
+            if "io.sparkstate.shim.MaintenanceWarnings" not in result["listeners"]:
+                problems.append(f"phase {phase}: spark_state's query listener is not registered: {result['listeners']}")
             unimplemented = {c: m for c, m in result["contract"].items() if m}
             if unimplemented:
                 problems.append(f"abstract methods left unimplemented: {unimplemented}")
