@@ -92,6 +92,9 @@ def test_standalone_cluster_with_packed_venv_and_state_on_s3_survives_restart(wh
 
     env = wheel_env.jre_env(tmp_path)
     env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    # The venv activated, as in the README: spark-class finds pyspark through `python3` on PATH.
+    env["PATH"] = f"{tmp_path / 'venv' / 'bin'}{os.pathsep}{env['PATH']}"
+    env["VIRTUAL_ENV"] = str(tmp_path / "venv")
     cluster = Cluster(tmp_path / "venv" / "bin", tmp_path, env)
     aws = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
     submit = [tmp_path / "venv" / "bin" / "spark-submit", "--master", cluster.url,
@@ -102,6 +105,7 @@ def test_standalone_cluster_with_packed_venv_and_state_on_s3_survives_restart(wh
               "--conf", "spark.sql.streaming.stateStore.providerClass=io.sparkstate.shim.SparkStateProvider",
               "--conf", "spark.sql.streaming.stateStore.sparkState.python=./environment/bin/python",
               "--conf", f"spark.sql.streaming.stateStore.sparkState.checkpointRoot=s3://{bucket}/state",
+              "--conf", "spark.sql.streaming.streamingQueryListeners=io.sparkstate.shim.MaintenanceWarnings",
               "--conf", "spark.executor.memory=1g", "--conf", "spark.cores.max=2"]
     for key, value in aws.items():
         submit += ["--conf", f"spark.executorEnv.{key}={value}"]
@@ -116,6 +120,8 @@ def test_standalone_cluster_with_packed_venv_and_state_on_s3_survives_restart(wh
     assert first["totals"] == {"a": 4, "b": 2}
     assert second["totals"] == {"a": 14, "c": 5}  # restored from S3 by a new application
     assert second["javac"] is None
+    assert all(r["listeners"] == ["io.sparkstate.shim.MaintenanceWarnings"] for r in (first, second))
+    assert all(not problems for r in (first, second) for problems in r["contract"].values())
     # The UDFs ran in the shipped environment, unpacked in the executors' work directories.
     for result in (first, second):
         assert result["pythons"] and all("/worker" in p and p.endswith("/environment/bin/python")
