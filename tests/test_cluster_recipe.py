@@ -9,6 +9,7 @@ Slow (a full venv install, a ~0.5 GB archive, five JVMs): opt-in with --run-slow
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -131,3 +132,7 @@ def test_standalone_cluster_with_packed_venv_and_state_on_s3_survives_restart(wh
     fs = fsspec.filesystem("s3")
     assert [p for p in fs.find(f"{bucket}/state") if p.endswith("/_metadata")]
     assert not list((app / "checkpoint" / "state").rglob("*.arrow"))
+    # Passed: drop the ~5 GB of venv, archive and unpacked copies (a failure keeps them for a look).
+    archive.unlink()
+    for big in [tmp_path / "venv"] + [tmp_path / f"worker{i}" for i in range(2)]:
+        shutil.rmtree(big, ignore_errors=True)
