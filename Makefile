@@ -1,8 +1,9 @@
 # The two commands of the README:
 #   make demo   installs everything and runs the main job (stop + restart from checkpoint)
-#   make test   installs everything and runs the test suite
+#   make test   installs everything, runs the test suite, then the compat matrix (CI: .ci/run)
 #   make wheel  builds dist/spark_state-*.whl (with the JVM shim jar inside)
-#   make test-compat  the wheel beside pyspark 4.0, 4.1 and 4.2 (opt-in, ~10-15 min)
+#   make test-compat  the compat matrix alone: the wheel beside pyspark 4.0, 4.1 and 4.2 (~3 min
+#               with pip's cache warm); make test COMPAT=0 skips it
 PYTHON ?= python3.11
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -13,8 +14,13 @@ STAMP  := $(VENV)/.installed
 demo: install
 	$(PY) -m spark_state.demo
 
+COMPAT ?= 1
+
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+ifneq ($(COMPAT),0)
+	$(PY) -m tests.compat.run $(COMPAT_ARGS)
+endif
 
 install: $(STAMP) shim
 
