@@ -1,18 +1,23 @@
 # The two commands of the README:
 #   make demo   installs everything and runs the main job (stop + restart from checkpoint)
-#   make test   installs everything and runs the test suite
+#   make test   installs everything and runs the test suite (local[2], then the two-executor cluster tests)
 PYTHON ?= python3.11
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install shim bench bench-quick bench-rescale clean
+.PHONY: demo test test-cluster install shim bench bench-quick bench-rescale clean
 
 demo: install
 	$(PY) -m spark_state.demo
 
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests/cluster $(PYTEST_ARGS)
+
+# The end-to-end tests on two executor JVMs (local-cluster), in a pytest process of their own.
+test-cluster: install
+	$(PY) -m pytest -q tests/cluster $(PYTEST_ARGS)
 
 install: $(STAMP) shim
 
