@@ -1,7 +1,16 @@
-"""One Spark application on two executor JVMs for the cluster tests: ``local-cluster[2,1,1024]``.
+"""One Spark application on two executor JVMs for the cluster tests.
 
 Run apart from the main suite (its session is ``local[2]`` and a Python process
 holds one SparkContext): ``python -m pytest -q tests/cluster``.
+
+The cluster (``SPARK_STATE_CLUSTER``):
+
+- ``standalone`` (default): a standalone master and two one-core workers on
+  127.0.0.1 and 127.0.0.2 (tests/cluster/standalone.py), one executor each.
+  Two hosts, so Spark's speculative execution can run;
+- ``local-cluster``: ``local-cluster[2,1,1024]``, two executor JVMs on one host.
+  Spark never speculates on a host that already runs the task, so the
+  speculation tests are skipped there.
 
 The session is configured to make state move and collide:
 
@@ -11,12 +20,11 @@ The session is configured to make state move and collide:
 - ``spark.speculation``: a task stuck for 3 s gets a copy on the other executor;
 - state store maintenance (retention, compaction) every second, with
   ``snapshotInterval=2``, ``minBatchesToRetain=2``, ``fileGracePeriod=0`` on every
-  query (``harness.CLUSTER_OPTIONS``);
+  query (``running_totals.CLUSTER_OPTIONS``);
 - ``SPARK_STATE_FAULT_DIR`` in the executors' environment, so a test can arm the
   worker's fault injection points (``faults.Faults``).
 
-Executor logs land in a private ``SPARK_HOME`` under the session's tmp dir, never
-in the installed pyspark package.
+Executor logs go under the session's tmp dir, never into the installed pyspark.
 """
 
 from __future__ import annotations
@@ -31,6 +39,9 @@ import pytest
 from tests.conftest import ROOT
 
 LOG4J = Path(__file__).with_name("log4j2.properties")
+KIND = os.environ.get("SPARK_STATE_CLUSTER", "standalone")
+if KIND not in ("standalone", "local-cluster"):
+    raise ValueError(f"SPARK_STATE_CLUSTER={KIND!r}: use standalone or local-cluster")
 
 #: Seconds a task may run before Spark starts a speculative copy on another executor.
 SPECULATION_AFTER_S = 3
@@ -39,8 +50,8 @@ SPECULATION_AFTER_S = 3
 def private_spark_home(where: Path) -> Path:
     """A SPARK_HOME that mirrors the pip pyspark package but has its own ``work/`` directory.
 
-    The standalone worker of local-cluster writes executor logs to
-    ``$SPARK_HOME/work``; this keeps them out of the shared virtualenv.
+    local-cluster's workers write executor logs to ``$SPARK_HOME/work``; this
+    keeps them out of the shared virtualenv.
     """
     import pyspark
 
@@ -54,20 +65,13 @@ def private_spark_home(where: Path) -> Path:
     return home
 
 
-def cluster_builder(spark_home: Path, fault_dir: Path, app_name: str = "spark_state cluster tests"):
-    from pyspark.sql import SparkSession
-
-    os.environ["SPARK_HOME"] = str(spark_home)
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    pythonpath = os.pathsep.join(dict.fromkeys(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    os.environ["PYTHONPATH"] = pythonpath
+def session_conf(fault_dir: Path, pythonpath: str) -> dict[str, str]:
     java_opts = f"-Dlog4j2.configurationFile=file:{LOG4J}"
-    conf = {
+    return {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.memory": "1g",
+        "spark.executor.memory": "1g",
         "spark.driver.extraJavaOptions": java_opts,
         "spark.executor.extraJavaOptions": java_opts,
         "spark.executorEnv.PYTHONPATH": pythonpath,
@@ -97,10 +101,6 @@ def cluster_builder(spark_home: Path, fault_dir: Path, app_name: str = "spark_st
         "spark.speculation.minTaskRuntime": f"{SPECULATION_AFTER_S}s",
         "spark.speculation.efficiency.enabled": "false",
     }
-    builder = SparkSession.builder.master("local-cluster[2,1,1024]").appName(app_name)
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    return builder
 
 
 @pytest.fixture(scope="session")
@@ -118,18 +118,53 @@ def faults(cluster_dir):
 
 @pytest.fixture(scope="session")
 def cluster(cluster_dir, faults):
-    """The local-cluster SparkSession with spark_state, both executors up."""
+    """The SparkSession on two executors with spark_state, both executors up."""
+    from pyspark.sql import SparkSession
+
     import spark_state
-    from tests.cluster.processes import wait_for_executors
+    from tests.cluster.processes import set_executor_parents, wait_for_executors
+    from tests.cluster.standalone import MASTER_HOST, StandaloneCluster
 
     started = time.monotonic()
-    builder = cluster_builder(private_spark_home(cluster_dir), faults.root)
-    session = spark_state.configure(builder, storage="filesystem").getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    wait_for_executors(session, 2, timeout=180)
-    print(f"\ncluster up in {time.monotonic() - started:.1f}s", file=sys.stderr)
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    pythonpath = os.pathsep.join(dict.fromkeys(
+        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    os.environ["PYTHONPATH"] = pythonpath
+    standalone = None
+    if KIND == "standalone":
+        standalone = StandaloneCluster(cluster_dir / "standalone", LOG4J).start(dict(os.environ))
+        master = standalone.url
+        set_executor_parents(standalone.executor_parents())
+    else:
+        os.environ["SPARK_HOME"] = str(private_spark_home(cluster_dir))
+        master = "local-cluster[2,1,1024]"
+    builder = SparkSession.builder.master(master).appName("spark_state cluster tests")
+    for key, value in session_conf(faults.root, pythonpath).items():
+        builder = builder.config(key, value)
+    if standalone is not None:
+        builder = builder.config("spark.driver.host", MASTER_HOST)
+    try:
+        session = spark_state.configure(builder, storage="filesystem").getOrCreate()
+        session.sparkContext.setLogLevel("ERROR")
+        wait_for_executors(session, 2, timeout=180)
+    except BaseException:
+        if standalone is not None:
+            print(standalone.logs(), file=sys.stderr)
+            standalone.stop()
+        raise
+    print(f"\n{KIND} cluster up in {time.monotonic() - started:.1f}s", file=sys.stderr)
     yield session
     session.stop()
+    if standalone is not None:
+        standalone.stop()
+
+
+@pytest.fixture
+def speculation():
+    """Skips a test that needs speculative execution where Spark cannot do it (one host)."""
+    if KIND != "standalone":
+        pytest.skip("local-cluster executors share one host: Spark never speculates there")
 
 
 @pytest.fixture(autouse=True)
@@ -142,6 +177,6 @@ def healthy_cluster(request, faults):
 
     spark = request.getfixturevalue("cluster")
     faults.clear()
-    wait_for_executors(spark, 2, timeout=180)   # a test may have killed one: the master starts another
+    wait_for_executors(spark, 2, timeout=180)   # a test may have killed one: its worker starts another
     yield
     faults.clear()

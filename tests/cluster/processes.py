@@ -1,10 +1,11 @@
-"""The processes of a local-cluster application, found through /proc.
+"""The processes of the cluster application, found through /proc.
 
-In ``local-cluster[N,C,M]`` the standalone master and workers run inside the
-driver JVM, so every executor JVM (``CoarseGrainedExecutorBackend``) is a
-child of the driver JVM, and each executor's spark_state worker
-(``python -m spark_state.worker``) is a child of its executor JVM. Only
-processes under *this* driver are ever touched: other applications on the
+Every executor JVM (``CoarseGrainedExecutorBackend``) is a child of a
+standalone worker: of the worker JVMs the harness started (standalone.py), or
+of the driver JVM in ``local-cluster`` (whose master and workers run inside
+the driver). Each executor's spark_state worker (``python -m
+spark_state.worker``) is a child of its executor JVM. Only processes under
+this test run's own parents are ever touched: other applications on the
 machine are left alone.
 """
 
@@ -29,9 +30,18 @@ def _children(parent: int) -> list[int]:
     return sorted(out)
 
 
+#: The processes whose children are the executors (set by the cluster fixture).
+_EXECUTOR_PARENTS: list[int] = []
+
+
+def set_executor_parents(pids: list[int]) -> None:
+    _EXECUTOR_PARENTS[:] = pids
+
+
 def executor_jvms(spark: SparkSession) -> list[int]:
-    """Live executor JVMs of this application (children of its driver JVM)."""
-    return [p for p in _children(driver_jvm_pid(spark)) if EXECUTOR_MAIN in _cmdline(p) and alive(p)]
+    """Live executor JVMs of this application."""
+    parents = _EXECUTOR_PARENTS or [driver_jvm_pid(spark)]
+    return [p for parent in parents for p in _children(parent) if EXECUTOR_MAIN in _cmdline(p) and alive(p)]
 
 
 def registered_executors(spark: SparkSession) -> int:
