@@ -50,6 +50,14 @@ class Faults:
                 out.append((int(m["n"]), p.stat().st_mtime_ns, int(m["pid"])))
         return [pid for _, _, pid in sorted(out, key=lambda t: (t[1], t[0]))]
 
+    def fired_at(self, point: str) -> float:
+        """When ``point`` first fired (the claim renamed the file: its ctime), as time.time()."""
+        times = [p.stat().st_ctime for p in self.root.iterdir()
+                 if (m := _FIRED.match(p.name)) and m["point"] == point]
+        if not times:
+            raise AssertionError(f"fault point {point} has not fired")
+        return min(times)
+
     def wait_fired(self, point: str, timeout: float = 60) -> int:
         """Waits until ``point`` has fired; returns the worker's pid."""
         wait_until(lambda: bool(self.fired(point)), timeout,
