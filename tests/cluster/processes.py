@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from tests.streaming import _cmdline, _ppid, alive, driver_jvm_pid, wait_until, worker_pids
+from tests.streaming import _cmdline, _ppid, alive, driver_jvm_pid, wait_until
 
 EXECUTOR_MAIN = "CoarseGrainedExecutorBackend"
 
@@ -69,11 +71,6 @@ def executor_of(pid: int) -> int | None:
     return None
 
 
-def workers_of(executor: int) -> list[int]:
-    """The spark_state worker(s) an executor JVM started."""
-    return worker_pids(executor)
-
-
 def sigkill(pid: int, what: str, timeout: float = 15) -> None:
     """SIGKILLs ``pid`` and waits until it is gone (reaped or a zombie)."""
     os.kill(pid, signal.SIGKILL)
@@ -88,8 +85,6 @@ class Beside:
     """
 
     def __init__(self, action):
-        import threading
-
         self.done = threading.Event()
         self.error: BaseException | None = None
         self.result = None
@@ -115,8 +110,6 @@ class Beside:
 
 def wait_or_stop(cond, done, timeout: float, message: str) -> bool:
     """Polls ``cond`` until true (returns True), ``done`` is set (returns False) or ``timeout`` (raises)."""
-    import time
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if cond():

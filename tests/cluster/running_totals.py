@@ -18,14 +18,13 @@ import functools
 import os
 import random
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from pyspark.sql import DataFrame, SparkSession
 
-from tests.streaming import JsonStream, Query, QueryFailed, sort_rows, wait_until
+from tests.streaming import JsonStream, Query, QueryFailed, sort_rows
 
 SCHEMA = "k string, v long"
 OUTPUT_SCHEMA = "k string, total long, n long"
@@ -118,7 +117,7 @@ def _maybe_stall(cfg: dict, executor: int) -> None:
     Path(tmp).write_text(str(executor))
     os.rename(tmp, f"{marker}.at")
     deadline = time.monotonic() + cfg["stall_seconds"]
-    while time.monotonic() < deadline and not os.path.exists(f"{marker}.release"):
+    while time.monotonic() < deadline:
         time.sleep(0.05)
 
 
@@ -252,25 +251,13 @@ class RunningTotals:
         """Executors that ran (batch, partition), in the order the attempts started (repeats kept)."""
         return [t.executor for t in self.attempts() if (t.batch, t.partition) == (batch, partition)]
 
-    def executors_by_partition(self) -> dict[int, set[int]]:
-        out = defaultdict(set)
-        for t in self.attempts():
-            out[t.partition].add(t.executor)
-        return dict(out)
-
     # ---------------------------------------------------------------- stalls
 
     def stall_next_task(self) -> None:
-        """The next task that runs the UDF stalls (up to 60 s) until released or killed."""
+        """The next task that runs the UDF stalls (up to 60 s, or until killed).
+
+        ``<stall>.at`` then holds the pid of the executor JVM it stalls in.
+        """
         for p in self.workdir.glob("stall.*"):
             p.unlink()
         self.stall_marker.touch()
-
-    def stalled_executor(self, timeout: float = 60) -> int:
-        """Waits until a task stalls; returns the executor JVM it runs in."""
-        at = Path(f"{self.stall_marker}.at")
-        wait_until(at.exists, timeout, f"no task stalled within {timeout}s")
-        return int(at.read_text())
-
-    def release_stall(self) -> None:
-        Path(f"{self.stall_marker}.release").touch()

@@ -42,6 +42,11 @@ def unreferenced(store: Path) -> set[str]:
     return data_files(store) - named
 
 
+def files_of_version(store: Path, version: int) -> set[str]:
+    """Data files written for ``version`` (their names start with it), present now."""
+    return {f for f in data_files(store) if f.startswith(f"shared/v{version:010d}-")}
+
+
 def versions(checkpoint: Path, partition: int) -> list[int]:
     return sorted(manifests(store_root(checkpoint, partition=partition)))
 
@@ -80,8 +85,13 @@ def stored_totals(spark, checkpoint: Path, batch: int | None = None, **options) 
     reader = spark.read.format("statestore")
     if batch is not None:
         reader = reader.option("batchId", batch)
+    from tests.cluster.running_totals import brief
+
     with sql_conf(spark, provider_conf("spark_state", **options)):
-        rows = reader.load(str(checkpoint)).collect()
+        try:
+            rows = reader.load(str(checkpoint)).collect()
+        except Exception as err:  # noqa: BLE001 - Py4JJavaError: keep what went wrong, not the traces
+            raise AssertionError(f"Spark's statestore reader cannot read {checkpoint}:\n{brief(str(err))}") from None
     out = {}
     for row in rows:
         state = row["value"]["groupState"] if "groupState" in row["value"] else row["value"]
@@ -105,3 +115,15 @@ def wait_collected(checkpoint: Path, files: dict[int, set[str]], timeout: float 
 
 def unreferenced_now(checkpoint: Path, partitions: int = PARTITIONS) -> dict[int, set[str]]:
     return {p: unreferenced(store_root(checkpoint, partition=p)) for p in range(partitions)}
+
+
+def assert_maintained(checkpoint: Path, partitions: int = PARTITIONS) -> None:
+    """Retention and compaction ran on every store: version 1 is gone, and a retained version's chain
+    starts with a snapshot compacted after version 1."""
+    for partition in range(partitions):
+        present = manifests(store_root(checkpoint, partition=partition))
+        assert present and 1 not in present, f"partition {partition}: retention never ran: versions {sorted(present)}"
+        compacted = [v for v, m in present.items()
+                     if m.files and m.files[0].kind == "snapshot" and m.files[0].version > 1]
+        assert compacted, f"partition {partition}: no retained version starts from a compacted snapshot " \
+                          f"({ {v: [f.path for f in m.files] for v, m in present.items()} })"

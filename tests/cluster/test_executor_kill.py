@@ -8,9 +8,12 @@ manifest; that file must never be mistaken for state, and retention collects it.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tests.cluster.processes import Beside, executor_jvms, executor_of, sigkill, wait_or_stop
 from tests.cluster.running_totals import RunningTotals
-from tests.cluster.stores import check_versions_load, stored_totals, unreferenced_now, wait_collected
+from tests.cluster.stores import (assert_maintained, check_versions_load, stored_totals, unreferenced_now,
+                                  wait_collected)
 
 BATCHES = 8
 TROUBLE_BATCH = 3
@@ -52,7 +55,7 @@ def test_executor_killed_while_a_task_runs_its_udf(cluster, tmp_path):
     q = RunningTotals(cluster, tmp_path, seed=31)
 
     def find_victim(done):
-        at = tmp_path / "stall.at"
+        at = Path(f"{q.stall_marker}.at")
         if not wait_or_stop(at.exists, done, 150, "no task stalled"):
             return None
         return int(at.read_text())
@@ -62,6 +65,7 @@ def test_executor_killed_while_a_task_runs_its_udf(cluster, tmp_path):
     assert any(t.executor == victim and t.batch == TROUBLE_BATCH for t in q.attempts())
     assert stored_totals(cluster, q.checkpoint) == q.totals()
     check_versions_load(q.checkpoint)
+    assert_maintained(q.checkpoint)
 
 
 def test_executor_killed_between_a_data_file_and_its_manifest(cluster, tmp_path, faults):
@@ -87,3 +91,4 @@ def test_executor_killed_between_a_data_file_and_its_manifest(cluster, tmp_path,
     q.assert_exact()
     assert stored_totals(cluster, q.checkpoint) == q.totals()
     check_versions_load(q.checkpoint)
+    assert_maintained(q.checkpoint)

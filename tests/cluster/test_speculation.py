@@ -16,7 +16,7 @@ import pytest
 
 from tests.cluster.conftest import SPECULATION_AFTER_S
 from tests.cluster.running_totals import RunningTotals
-from tests.cluster.stores import check_versions_load, stored_totals
+from tests.cluster.stores import assert_maintained, check_versions_load, stored_totals
 
 BATCHES = 9
 STUCK_BATCH = 2
@@ -49,3 +49,4 @@ def test_speculative_copy_of_a_task_stuck_in_its_commit(cluster, speculation, tm
     q.assert_exact()
     assert stored_totals(cluster, q.checkpoint) == q.totals()
     check_versions_load(q.checkpoint)
+    assert_maintained(q.checkpoint)

@@ -15,7 +15,8 @@ import pytest
 
 from tests.cluster.processes import Beside, sigkill, wait_or_stop
 from tests.cluster.running_totals import RunningTotals
-from tests.cluster.stores import check_versions_load, stored_totals, unreferenced_now, wait_collected
+from tests.cluster.stores import (assert_maintained, check_versions_load, stored_totals, unreferenced_now,
+                                  wait_collected)
 from tests.streaming import alive, wait_until
 
 BATCHES = 9
@@ -68,3 +69,4 @@ def test_worker_dies_inside_a_commit_or_compaction(cluster, tmp_path, faults, po
     q.assert_exact()
     assert stored_totals(cluster, q.checkpoint) == q.totals()
     check_versions_load(q.checkpoint)
+    assert_maintained(q.checkpoint)
