@@ -19,15 +19,16 @@ from tests.cluster.stores import check_versions_load, stored_totals
 from tests.streaming import sort_rows
 
 
-def _timelines(cluster, tmp_path, options, first_batches=6, second_fails=(1, 2)):
+def _timelines(cluster, tmp_path, options, first_batches=5, second_fails=(1,)):
     """The first timeline, run to the end and deleted; returns the second one (nothing run yet).
 
-    The first timeline fails a task after its commit in two batches, so both executors'
-    workers have held both partitions' stores when the checkpoint is deleted.
+    The first timeline fails each task of batch 1 after its commit (the retry runs on the
+    other executor), so both executors' workers have held both partitions' stores when the
+    checkpoint is deleted.
     """
     ckpt = tmp_path / "ckpt"
     first = RunningTotals(cluster, tmp_path / "first", seed=41, checkpoint=ckpt, options=options,
-                          fail_batches={2, 3})
+                          fail_batches={1})
     first.add(first_batches)
     first.run()
     first.assert_exact()
@@ -40,7 +41,7 @@ def _timelines(cluster, tmp_path, options, first_batches=6, second_fails=(1, 2))
 def test_deleted_checkpoint_reused_in_the_same_application(cluster, tmp_path, root):
     options = {"checkpoint_root": (tmp_path / "root").as_uri()} if root else {}
     second = _timelines(cluster, tmp_path, options)
-    second.add(6)
+    second.add(4)
     second.run()
     second.assert_exact()
     assert stored_totals(cluster, second.checkpoint, **options) == second.totals()
@@ -49,18 +50,18 @@ def test_deleted_checkpoint_reused_in_the_same_application(cluster, tmp_path, ro
 
 
 def test_deleted_checkpoint_reused_by_a_new_application(cluster, tmp_path):
-    """The old run left v5..v8 under checkpointRoot; a new application starts over at v1 there, then
+    """The old run left versions 5 and 6 under checkpointRoot; a new application starts over at v1 there, then
     this application continues the new timeline from the new application's checkpoint."""
     options = {"checkpoint_root": (tmp_path / "root").as_uri()}
     # the child is local[2] (nowhere else to retry): the second timeline's plan has no failing step
-    second = _timelines(cluster, tmp_path, options, first_batches=8, second_fails=())
-    second.add(4)
+    second = _timelines(cluster, tmp_path, options, first_batches=6, second_fails=())
+    second.add(3)
     result = run_child({"workdir": str(second.workdir), "checkpoint": str(second.checkpoint),
                         "options": options}, tmp_path / "child.log")
     assert result["error"] is None, result["error"]
     second.query.outputs.update({int(b): sort_rows(tuple(r) for r in rows) for b, rows in result["outputs"].items()})
     second.assert_exact()
-    second.add(4)
+    second.add(3)
     second.run()
     second.assert_exact()
     assert stored_totals(cluster, second.checkpoint, **options) == second.totals()

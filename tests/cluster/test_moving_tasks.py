@@ -20,7 +20,7 @@ def test_task_failing_after_its_commit_is_retried_on_the_other_executor_every_ba
     """Every batch: attempt 0 of each state task commits version v, then fails; Spark retries it on the
     other executor (excludeOnFailure), which commits v again. The next batch runs where the retry ran,
     fails again and goes back: each worker sees its last commit replaced by the other's, every batch."""
-    batches = 12
+    batches = 8
     q = RunningTotals(cluster, tmp_path, seed=9, fail_batches=range(1, batches))
     q.add(batches)
     q.run()

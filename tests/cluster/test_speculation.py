@@ -23,7 +23,7 @@ STUCK_BATCH = 2
 STUCK_S = SPECULATION_AFTER_S * 4
 
 
-@pytest.mark.parametrize("point", ["commit-after-data", "commit-after-manifest"])
+@pytest.mark.parametrize("point", ["commit-after-data", pytest.param("commit-after-manifest", marks=pytest.mark.slow)])
 def test_speculative_copy_of_a_task_stuck_in_its_commit(cluster, speculation, tmp_path, faults, point):
     q = RunningTotals(cluster, tmp_path, seed=len(point))
 
