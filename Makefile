@@ -1,6 +1,7 @@
 # The two commands of the README:
 #   make demo   installs everything and runs the main job (stop + restart from checkpoint)
-#   make test   installs everything, runs the test suite, then the compat matrix (CI: .ci/run)
+#   make test   installs everything, runs the test suite (local[2]), the two-executor cluster tests,
+#               then the compat matrix (CI: .ci/run)
 #   make wheel  builds dist/spark_state-*.whl (with the JVM shim jar inside)
 #   make test-compat  the compat matrix alone: the wheel beside pyspark 4.0, 4.1 and 4.2 (~3 min
 #               with pip's cache warm); make test COMPAT=0 skips it
@@ -9,7 +10,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install shim bench bench-quick bench-rescale clean wheel test-compat
+.PHONY: demo test test-cluster install shim bench bench-quick bench-rescale clean wheel test-compat
 
 demo: install
 	$(PY) -m spark_state.demo
@@ -18,9 +19,14 @@ COMPAT ?= 1
 
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests/cluster $(PYTEST_ARGS)
 ifneq ($(COMPAT),0)
 	$(PY) -m tests.compat.run $(COMPAT_ARGS)
 endif
+
+# The end-to-end tests on two executors (a standalone master + two workers), in a pytest process of their own.
+test-cluster: install
+	$(PY) -m pytest -q tests/cluster $(PYTEST_ARGS)
 
 install: $(STAMP) shim
 

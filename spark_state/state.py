@@ -593,6 +593,8 @@ class VersionedStore:
             drop = sorted(v for v in stamps if v < oldest)
             kept = sorted(v for v in stamps if v >= oldest)
             manifests = self._manifests(kept, stamps)
+            if not self._anchors(current, manifests):
+                return
             records = self._records(self.storage.list_records("_snapshot").keys() - set(drop))
             for v in drop:
                 self.storage.delete_version(v)
@@ -615,6 +617,21 @@ class VersionedStore:
                     del self._unreferenced_since[p]
             if drop or due:
                 log.info("retention of %s: dropped versions %s, %d file(s)", self.name, drop, len(due))
+
+
+    def _anchors(self, version: int, manifests: dict[int, Manifest]) -> bool:
+        """Whether storage's `version` is this store's timeline, so a window around it is ours to apply.
+
+        Spark can run maintenance on a stopped query's provider before it unloads it; if that
+        query's checkpoint was deleted and the query started again at the same path, its old version
+        is gone or belongs to the new query id, and its window would drop the new timeline's versions.
+        """
+        manifest = manifests.get(version)
+        if manifest is None or (self.query_id and manifest.query_id and manifest.query_id != self.query_id):
+            log.info("retention of %s skipped: version %d in storage is not query %s's (a newer timeline or "
+                     "retention elsewhere replaced it)", self.name, version, self.query_id)
+            return False
+        return True
 
 
 def _entry(path: str, kind: str, version: int, encoded: snapshot.EncodedFile) -> FileEntry:

@@ -32,6 +32,16 @@ def pytest_addoption(parser):
                      help="state store provider the end-to-end tests check against the HDFS reference")
 
 
+def pytest_ignore_collect(collection_path, config):
+    """tests/cluster runs in a pytest process of its own (``pytest tests/cluster``): it needs its own
+    SparkSession (local-cluster), and a Python process holds one SparkContext."""
+    cluster = Path(__file__).parent / "cluster"
+    if collection_path == cluster:
+        asked = [Path(str(a).split("::")[0]).resolve() for a in config.args]
+        return not any(a == cluster or cluster in a.parents for a in asked)
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--run-slow"):
         return

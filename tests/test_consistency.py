@@ -128,6 +128,28 @@ def test_a_new_timeline_never_mixes_with_an_old_one(tmp_path):
     assert as_dict(old.load(20)) == {KEYS[0]: b"old 20"}
 
 
+@pytest.mark.parametrize("new_versions", [2, 7], ids=["below-the-holder", "past-the-holder"])
+def test_a_stopped_querys_maintenance_never_drops_the_new_timelines_versions(root, new_versions):
+    """Defect 3 on a cluster: Spark runs maintenance on an unloaded query's provider once more after it
+    stopped. Its checkpoint was deleted and the query started again at the same path: the old provider's
+    window (around its v5) must not drop the new timeline's versions or files."""
+    import shutil
+
+    old = VersionedStore(FileSystemCheckpointStorage(root), Settings(max_parallelism=M, file_grace_period=0),
+                         query_id="run-1")
+    for v in range(1, 6):
+        old.commit(v, changes({KEYS[0]: b"old %d" % v}))
+    shutil.rmtree(root.removeprefix("file://"))
+    new = VersionedStore(FileSystemCheckpointStorage(root), Settings(max_parallelism=M, file_grace_period=0),
+                         query_id="run-2")
+    for v in range(1, new_versions + 1):
+        new.commit(v, changes({KEYS[v % len(KEYS)]: b"new %d" % v}))
+    old.maintenance(2, version=5)
+    assert new.versions() == list(range(1, new_versions + 1))
+    assert_files_of_kept_versions_exist(new)
+    assert as_dict(new.load(1)) == {KEYS[1]: b"new 1"}
+
+
 def test_commit_refuses_another_querys_version(root):
     first = VersionedStore(FileSystemCheckpointStorage(root), Settings(max_parallelism=M), query_id="q-1")
     first.commit(1, changes({KEYS[0]: b"a"}))
