@@ -231,8 +231,10 @@ def test_an_unreadable_reference_record_keeps_every_file_while_its_referrer_may_
     holder.write_file(record, b"{torn")   # a rescale that crashed mid-record
     siblings = ckpt.store(1)._sibling
     assert referenced_elsewhere(holder, 1, siblings) is None   # partition 0 names files of 1: delete nothing
+    for v in (3, 4, 5):
+        ckpt.store(1).commit(v, table({}, 16), base_commit_id=ckpt.store(1).load_checked(v - 1).commit_id)
     for _ in range(2):
-        ckpt.store(1).maintenance(1, 5)   # far beyond its versions: everything of its own is an orphan
+        ckpt.store(1).maintenance(1, 5)   # compacted at v5, older versions dropped: its older files are orphans of its own
     assert loaded(ckpt, 0, 3) == model.part(0, 1)
     # Judged by its name once readable again; a record of a referrer with no manifest at or above its
     # version yet (a rescale still writing) is live; one whose referrer moved past it is dropped.
@@ -242,7 +244,8 @@ def test_an_unreadable_reference_record_keeps_every_file_while_its_referrer_may_
     ckpt.store(0).commit(4, table({}, 16), base_commit_id=ckpt.store(0).load_checked(3).commit_id)
     ckpt.store(0).maintenance(1, 4)   # compacts the rescaled chain ...
     ckpt.store(0).commit(5, table({}, 16), base_commit_id=ckpt.store(0).load_checked(4).commit_id)
+    ckpt.store(0).commit(6, table({}, 16), base_commit_id=ckpt.store(0).load_checked(5).commit_id)
     ckpt.store(0).maintenance(1, 6)   # ... and drops versions 3 and 4, the last that named partition 1
-    assert ckpt.store(0).versions() == [5]
+    assert ckpt.store(0).versions() == [5, 6]
     assert referenced_elsewhere(holder, 1, siblings) == {"shared/x"}
     assert holder.list_files(REFS_DIR) == [pending] and dead not in holder.list_files(REFS_DIR)
