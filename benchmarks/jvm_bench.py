@@ -63,7 +63,7 @@ def heap_for(rows: int) -> str:
 
 def run(provider, mode: str, rows: int, ckpt_dir: Path, log_path: Path, *, shim_jar: Path | None = None,
         batches: int = 10, change_pct: float = 10.0, version: int | None = None,
-        extra_jvm: list[str] | None = None, timeout: float = 3600) -> dict:
+        extra_jvm: list[str] | None = None, timeout: float = 3600, data: str = "bench") -> dict:
     """Runs one ProviderBench JVM and returns its RESULT JSON (raises with the log tail on failure)."""
     classes = compile_harness()
     cp = [f"{JARS}/*", str(classes)]
@@ -72,9 +72,9 @@ def run(provider, mode: str, rows: int, ckpt_dir: Path, log_path: Path, *, shim_
             raise RuntimeError("spark_state shim jar not available")
         cp.insert(0, str(shim_jar))
     cmd = ["java", f"-Xmx{heap_for(rows)}", f"-Dlog4j2.configurationFile={LOG4J}", *JAVA_OPENS,
-           *(extra_jvm or []), "-cp", os.pathsep.join(cp), "ProviderBench",
+           *(extra_jvm or []), *getattr(provider, "jvm_opts", ()), "-cp", os.pathsep.join(cp), "ProviderBench",
            "--provider-class", provider.cls, "--mode", mode, "--rows", str(rows), "--dir", str(ckpt_dir),
-           "--batches", str(batches), "--change-pct", str(change_pct)]
+           "--batches", str(batches), "--change-pct", str(change_pct), "--data", data]
     if version is not None:
         cmd += ["--version", str(version)]
     for k, v in provider.sql_confs().items():

@@ -27,6 +27,7 @@ class Provider:
     confs: dict = field(default_factory=dict)
     spark_state: bool = False     # ours (numerator of every ratio) or a peer
     storage: str | None = None
+    jvm_opts: tuple = ()          # extra JVM options (spark_state_fs_f1: the shim writes file format 1)
 
     def sql_confs(self) -> dict[str, str]:
         return {"spark.sql.streaming.stateStore.providerClass": self.cls, **self.confs}
@@ -41,6 +42,9 @@ def all_providers(python: str | None = None) -> list[Provider]:
         Provider("spark_state_fs", "spark_state (filesystem)", SPARK_STATE_CLASS,
                  {SS + "storage": "filesystem", SS + "python": python},
                  spark_state=True, storage="filesystem"),
+        Provider("spark_state_fs_f1", "spark_state (filesystem, file format 1)", SPARK_STATE_CLASS,
+                 {SS + "storage": "filesystem", SS + "python": python},
+                 spark_state=True, storage="filesystem", jvm_opts=("-Dspark_state.opaqueRows=true",)),
         Provider("spark_state_mem", "spark_state (memory)", SPARK_STATE_CLASS,
                  {SS + "storage": "memory", SS + "python": python,
                   SS + "memory.maxStateSize": BENCH_MEMORY_MAX_STATE_SIZE},

@@ -44,4 +44,11 @@ def restore(source, checkpoint_location, batch=None, **kwargs):
     return _restore(source, checkpoint_location, batch, **kwargs)
 
 
-__all__ = ["PROVIDER_CLASS", "configure", "rescale", "restore", "savepoint", "shim_jar", "__version__"]
+def read_state(checkpoint_location, operator=0, store_name=None, batch=None, partitions=None, **kwargs):
+    """One operator's state at a committed batch as a pyarrow Table, without Spark; see spark_state.reading."""
+    from spark_state.reading import read_state as _read_state
+
+    return _read_state(checkpoint_location, operator, store_name, batch, partitions, **kwargs)
+
+
+__all__ = ["PROVIDER_CLASS", "configure", "read_state", "rescale", "restore", "savepoint", "shim_jar", "__version__"]

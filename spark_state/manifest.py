@@ -9,6 +9,10 @@ retention can tell which files a kept version needs from its manifest alone.
 The manifest carries a CRC-32 of its own canonical body: a torn or edited
 manifest fails with ``ChecksumMismatch`` instead of restoring wrong state.
 
+Format 4 names typed state files (``file_format`` 2 in an entry, see
+``spark_state.snapshot``); a format-3 reader refuses it with
+``FormatVersionError`` instead of taking typed columns for row bytes.
+
 Format 3 (written only by a rescale, see ``spark_state.lifecycle.rescale``)
 adds *slices*: an entry may name a file of another partition's store of the
 same operator (``partition``) and stand for only the rows Spark routes to
@@ -32,8 +36,12 @@ from spark_state.errors import ChecksumMismatch, FormatVersionError
 #: Bumped when a reader of the previous version could misread a new manifest.
 #: 2: manifests name the query (``query_id``); compaction records (``chk-N/_snapshot``).
 #: 3: slices (a rescaled chain names other partitions' files, see the module docstring).
-FORMAT_VERSION = 3
-#: Manifests without slices, and compaction records, keep format 2, byte for byte what format-2 readers read.
+#: 4: typed state files (entries with ``file_format`` 2, see spark_state.snapshot), with or without slices.
+FORMAT_VERSION = 4
+SLICED_FORMAT = 3
+TYPED_FORMAT = 4
+#: Manifests without slices or typed files, and their compaction records, keep format 2, byte for byte what
+#: format-2 readers read.
 PLAIN_FORMAT = 2
 
 SNAPSHOT = "snapshot"
@@ -57,6 +65,12 @@ class FileEntry:
     partition: int | None = None   # the file is in the store of this partition (same operator and store name)
     modulus: int | None = None     # only the rows with pmod(hash, modulus) == residue
     residue: int | None = None
+    #: spark_state.snapshot's file format: 1 opaque UnsafeRow bytes, 2 typed columns (only written when 2)
+    file_format: int = 1
+
+    @property
+    def typed(self) -> bool:
+        return self.file_format >= 2
 
     @property
     def is_slice(self) -> bool:
@@ -72,6 +86,8 @@ class FileEntry:
         for name in _SLICE_FIELDS:
             if body[name] is None:
                 del body[name]
+        if body["file_format"] == 1:
+            del body["file_format"]
         return body
 
 
@@ -93,7 +109,7 @@ class Manifest:
 
     def __post_init__(self):
         if self.format == -1:
-            object.__setattr__(self, "format", FORMAT_VERSION if any(f.is_slice for f in self.files) else PLAIN_FORMAT)
+            object.__setattr__(self, "format", format_of(self.files))
 
     @property
     def paths(self) -> list[str]:
@@ -134,7 +150,11 @@ class CompactionRecord:
     commit_id: str
     snapshot: FileEntry
     created_ms: int = field(default_factory=lambda: int(time.time() * 1000))
-    format: int = PLAIN_FORMAT
+    format: int = -1
+
+    def __post_init__(self):
+        if self.format == -1:
+            object.__setattr__(self, "format", format_of((self.snapshot,)))
 
     def to_json(self) -> bytes:
         body = asdict(self)
@@ -148,6 +168,13 @@ class CompactionRecord:
             return cls(snapshot=FileEntry(**body.pop("snapshot")), **body)
         except (TypeError, KeyError) as err:
             raise ChecksumMismatch(f"compaction record {name} has unexpected fields ({err}).") from None
+
+
+def format_of(files) -> int:
+    """The lowest manifest format that can describe `files` (older readers refuse what they cannot read)."""
+    if any(f.typed for f in files):
+        return TYPED_FORMAT
+    return SLICED_FORMAT if any(f.is_slice for f in files) else PLAIN_FORMAT
 
 
 def _dump(body: dict) -> bytes:

@@ -2,7 +2,7 @@
 
 A file is three parts, all little-endian, nothing pickled::
 
-    data     an Arrow IPC *stream* (CHANGES_SCHEMA, zstd-compressed buffers):
+    data     an Arrow IPC *stream* (zstd-compressed buffers) of the rows:
              rows sorted by key group, cut into record batches that hold whole
              key-group runs (a key group bigger than the batch target gets
              batches of its own), then the end-of-stream marker
@@ -10,6 +10,21 @@ A file is three parts, all little-endian, nothing pickled::
              batch): the batch's byte range and CRC-32, and the key group's
              row range inside that batch
     trailer  u64 index offset, u64 index length, 8-byte magic
+
+Two row layouts, told apart by the file's magic and its manifest entry:
+
+* **format 2, typed** (written since spark_state 0.2): ``hash: int32``, ``key``
+  and ``value`` as struct columns with the operator's key and value schemas,
+  as Spark's own Arrow conversion (``ArrowWriter`` in the JVM shim) maps every
+  Spark type. Any Arrow reader (pandas, DuckDB, Polars) can read the rows, and
+  typed columns compress far better than opaque row bytes. The key group is
+  not stored: it is ``pmod(hash, maxParallelism)``, recomputed on read (the
+  index keeps it). A null ``value`` is a delete (only in deltas).
+* **format 1, opaque** (CHANGES_SCHEMA): ``kg``, ``hash`` and ``key``/``value``
+  as the bytes of Spark's ``UnsafeRow``s. Still read; still written for a store
+  whose schema Spark's Arrow conversion cannot map.
+
+Tables in memory always carry ``kg`` first (typed files get it on read).
 
 The data part alone is a standard Arrow stream (``pyarrow.ipc.open_stream``
 reads a whole file and stops at the marker), so a full restore is one read
@@ -60,8 +75,12 @@ INDEX_SCHEMA = pa.schema([
     ("rows", pa.int64()),        # rows of the key group inside the batch
 ])
 
-FILE_FORMAT_VERSION = 1
-MAGIC = b"SPKST\x00\x00\x01"  # last byte = file format version
+#: Opaque UnsafeRow bytes (CHANGES_SCHEMA) and typed struct columns (see the module docstring).
+OPAQUE_FORMAT = 1
+TYPED_FORMAT = 2
+FILE_FORMAT_VERSION = TYPED_FORMAT
+MAGIC = b"SPKST\x00\x00\x02"  # last byte = file format version
+_MAGICS = {fmt: MAGIC[:-1] + bytes([fmt]) for fmt in (OPAQUE_FORMAT, TYPED_FORMAT)}
 _TRAILER = struct.Struct("<QQ8s")
 TRAILER_SIZE = _TRAILER.size
 
@@ -88,23 +107,45 @@ class EncodedFile:
     index_offset: int
     index_length: int
     index_checksum: str
+    file_format: int = OPAQUE_FORMAT
 
     @property
     def size(self) -> int:
         return len(self.data)
 
 
-def empty_table() -> pa.Table:
-    return CHANGES_SCHEMA.empty_table()
+def empty_table(like: pa.Schema | pa.Table | None = None) -> pa.Table:
+    """No rows, with `like`'s schema (default: the opaque CHANGES_SCHEMA)."""
+    if like is None:
+        return CHANGES_SCHEMA.empty_table()
+    return (like if isinstance(like, pa.Schema) else like.schema).empty_table()
+
+
+def is_typed(table: pa.Table | pa.Schema) -> bool:
+    """Whether rows carry key and value as struct columns (file format 2) rather than row bytes."""
+    schema = table if isinstance(table, pa.Schema) else table.schema
+    return pa.types.is_struct(schema.field("key").type)
+
+
+def typed_schema(key: pa.DataType, value: pa.DataType) -> pa.Schema:
+    """The in-memory schema of typed rows: kg, hash, key, value (value nullable: null = delete)."""
+    return pa.schema([("kg", pa.int32()), ("hash", pa.int32()), pa.field("key", key, nullable=False),
+                      ("value", value)])
 
 
 def conform(table: pa.Table) -> pa.Table:
-    """Checks a changes/state table has CHANGES_SCHEMA's columns and casts it to exactly that schema
-    (or LARGE_SCHEMA when its key/value already have 64-bit offsets)."""
+    """Checks a changes/state table has kg, hash, key, value and casts it to exactly CHANGES_SCHEMA (opaque;
+    LARGE_SCHEMA when its key/value already have 64-bit offsets) or, when key and value are structs, to
+    int32 kg and hash with the structs as they are (typed)."""
     missing = [f.name for f in CHANGES_SCHEMA if f.name not in table.column_names]
     if missing:
         raise ValueError(f"changes table lacks column(s) {missing}; expected {CHANGES_SCHEMA}")
     table = table.select(CHANGES_SCHEMA.names)
+    if is_typed(table):
+        if not pa.types.is_struct(table.schema.field("value").type):
+            raise ValueError(f"typed changes need struct key and value columns, got {table.schema}")
+        target = typed_schema(table.schema.field("key").type, table.schema.field("value").type)
+        return table if table.schema == target else table.cast(target)
     target = LARGE_SCHEMA if table.schema.field("key").type == pa.large_binary() else CHANGES_SCHEMA
     if table.schema != target:
         table = table.cast(target)
@@ -161,9 +202,11 @@ def _batch_ids(kg: np.ndarray, row_bytes: np.ndarray, target: int) -> np.ndarray
 
 def encode(table: pa.Table, compression_level: int = 3, *, sorted_by_kg: bool = False,
            target_batch_bytes: int = TARGET_BATCH_BYTES) -> EncodedFile:
-    """Serialises rows (CHANGES_SCHEMA) into one state file; sorts by key group unless told they are."""
+    """Serialises rows (typed, or opaque CHANGES_SCHEMA) into one state file; sorts by key group unless told
+    they are. Typed rows are stored without ``kg`` (see the module docstring)."""
     table = conform(table)
-    if _payload_bytes(table) >= _WIDEN_AT:
+    typed = is_typed(table)
+    if not typed and _payload_bytes(table) >= _WIDEN_AT:
         table = widen(table)   # sorting concatenates; binary offsets would overflow past 2 GiB
     table = table.combine_chunks()
     if not sorted_by_kg and table.num_rows > 1:
@@ -173,9 +216,13 @@ def encode(table: pa.Table, compression_level: int = 3, *, sorted_by_kg: bool = 
     n = table.num_rows
     kg = table.column("kg").to_numpy()
     if n:
-        key_len = pc.binary_length(table.column("key")).to_numpy().astype(np.int64)
-        val_len = pc.fill_null(pc.binary_length(table.column("value")), 0).to_numpy().astype(np.int64)
-        batch = _batch_ids(kg, key_len + val_len + _ROW_OVERHEAD, target_batch_bytes)
+        if typed:   # struct columns have no per-row length: spread their bytes evenly
+            row_bytes = np.full(n, _payload_bytes(table) // n + _ROW_OVERHEAD, dtype=np.int64)
+        else:
+            key_len = pc.binary_length(table.column("key")).to_numpy().astype(np.int64)
+            val_len = pc.fill_null(pc.binary_length(table.column("value")), 0).to_numpy().astype(np.int64)
+            row_bytes = key_len + val_len + _ROW_OVERHEAD
+        batch = _batch_ids(kg, row_bytes, target_batch_bytes)
         batch_first = np.flatnonzero(np.diff(batch, prepend=-1) != 0)
     else:
         batch = np.zeros(0, dtype=np.int64)
@@ -184,10 +231,12 @@ def encode(table: pa.Table, compression_level: int = 3, *, sorted_by_kg: bool = 
 
     options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level))
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, CHANGES_SCHEMA, options=options) as writer:
+    stored = table.drop_columns(["kg"]) if typed else table
+    schema = stored.schema if typed else CHANGES_SCHEMA
+    with pa.ipc.new_stream(sink, schema, options=options) as writer:
         for start, rows in zip(batch_first.tolist(), batch_rows.tolist()):
-            part = table.slice(start, rows)
-            writer.write_table(part if part.schema == CHANGES_SCHEMA else part.cast(CHANGES_SCHEMA))
+            part = stored.slice(start, rows)
+            writer.write_table(part if part.schema == schema else part.cast(schema))
     data = sink.getvalue()
 
     # Byte range of each batch message: walk the stream's message framing (no decoding).
@@ -227,9 +276,11 @@ def encode(table: pa.Table, compression_level: int = 3, *, sorted_by_kg: bool = 
         writer.write_table(index)
     index_bytes = index_sink.getvalue()
     index_offset = data.size
-    trailer = _TRAILER.pack(index_offset, index_bytes.size, MAGIC)
+    file_format = TYPED_FORMAT if typed else OPAQUE_FORMAT
+    trailer = _TRAILER.pack(index_offset, index_bytes.size, _MAGICS[file_format])
     blob = b"".join((view, memoryview(index_bytes), trailer))
-    return EncodedFile(blob, n, crc32_hex(blob), index_offset, index_bytes.size, crc32_hex(index_bytes))
+    return EncodedFile(blob, n, crc32_hex(blob), index_offset, index_bytes.size, crc32_hex(index_bytes),
+                       file_format)
 
 
 # ------------------------------------------------------------------ reading
@@ -255,7 +306,7 @@ def read_trailer(data: bytes, name: str) -> tuple[int, int]:
     if len(data) < TRAILER_SIZE:
         raise _corrupt(name, "is shorter than its trailer")
     offset, length, magic = _TRAILER.unpack(data[-TRAILER_SIZE:])
-    if magic[:-1] != MAGIC[:-1]:
+    if magic[:-1] != MAGIC[:-1] or magic[-1] < OPAQUE_FORMAT:
         raise _corrupt(name, "does not end with the spark_state file magic")
     if magic[-1] > FILE_FORMAT_VERSION:
         raise FormatVersionError(
@@ -265,15 +316,35 @@ def read_trailer(data: bytes, name: str) -> tuple[int, int]:
     return offset, length
 
 
-def decode(data, name: str) -> pa.Table:
-    """All rows of a whole file (its data part is a plain Arrow IPC stream)."""
+def decode(data, name: str, max_parallelism: int | None = None) -> pa.Table:
+    """All rows of a whole file (its data part is a plain Arrow IPC stream), with ``kg`` first.
+
+    Typed files do not store ``kg``; it is recomputed from ``hash`` with `max_parallelism`.
+    """
     try:
         table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
     except (pa.ArrowInvalid, pa.ArrowException, OSError) as err:
         raise _corrupt(name, f"cannot be decoded ({err})") from None
-    if table.schema != CHANGES_SCHEMA:
-        raise _corrupt(name, f"has schema {table.schema}, expected {CHANGES_SCHEMA}")
-    return table
+    return _with_kg(table, name, max_parallelism)
+
+
+def _check_stored_schema(schema: pa.Schema, name: str) -> None:
+    if schema == CHANGES_SCHEMA:
+        return
+    if (schema.names != ["hash", "key", "value"] or schema.field("hash").type != pa.int32()
+            or not pa.types.is_struct(schema.field("key").type) or not pa.types.is_struct(schema.field("value").type)):
+        raise _corrupt(name, f"has schema {schema}, expected {CHANGES_SCHEMA} or typed hash, key, value")
+
+
+def _with_kg(table: pa.Table, name: str, max_parallelism: int | None) -> pa.Table:
+    _check_stored_schema(table.schema, name)
+    if "kg" in table.column_names:
+        return table
+    if max_parallelism is None:
+        raise ValueError(f"reading typed state file {name} needs the max parallelism to derive key groups")
+    from spark_state.keygroups import key_groups_of
+
+    return table.add_column(0, "kg", pa.array(key_groups_of(table.column("hash"), max_parallelism), pa.int32()))
 
 
 def decode_index(data, name: str, checksum: str | None) -> pa.Table:
@@ -288,15 +359,32 @@ def decode_index(data, name: str, checksum: str | None) -> pa.Table:
     return index
 
 
+def _read_schema(fetch: Fetch, name: str, end: int) -> pa.Schema:
+    """The stream's schema: its first message, in bytes [0, end)."""
+    (head,) = fetch([(0, end)])
+    try:
+        schema = pa.ipc.read_schema(pa.py_buffer(head))
+    except (pa.ArrowInvalid, pa.ArrowException, OSError) as err:
+        raise _corrupt(name, f"has an unreadable schema ({err})") from None
+    _check_stored_schema(schema, name)
+    return schema
+
+
 def read_key_groups(fetch: Fetch, name: str, index_offset: int, index_length: int, index_checksum: str | None,
-                    key_groups: np.ndarray, verify: bool = True) -> pa.Table:
-    """Rows of the given key groups (sorted int32 array), reading only the index and their batches."""
+                    key_groups: np.ndarray, verify: bool = True, *, file_format: int = OPAQUE_FORMAT,
+                    max_parallelism: int | None = None) -> pa.Table:
+    """Rows of the given key groups (sorted int32 array), reading only the index and their batches
+    (and, for a typed file, the schema message at its start)."""
     (index_bytes,) = fetch([(index_offset, index_offset + index_length)])
     index = decode_index(index_bytes, name, index_checksum if verify else None)
     kg = index.column("kg").to_numpy()
     pick = np.flatnonzero(np.isin(kg, key_groups))
+    schema = CHANGES_SCHEMA
+    if file_format != OPAQUE_FORMAT:
+        all_offsets = index.column("offset").to_numpy()
+        schema = _read_schema(fetch, name, int(all_offsets.min()) if len(all_offsets) else index_offset)
     if len(pick) == 0:
-        return empty_table()
+        return _with_kg(schema.empty_table(), name, max_parallelism)
     offsets = index.column("offset").to_numpy()[pick]
     lengths = index.column("length").to_numpy()[pick]
     crcs = index.column("crc").to_numpy()[pick]
@@ -324,10 +412,10 @@ def read_key_groups(fetch: Fetch, name: str, index_offset: int, index_length: in
         if verify and zlib.crc32(block) != int(crcs[first_pick[b]]):
             raise _corrupt(name, f"has a batch at byte {off} whose CRC-32 does not match its index")
         try:
-            batches.append(pa.ipc.read_record_batch(pa.ipc.read_message(pa.py_buffer(block)), CHANGES_SCHEMA))
+            batches.append(pa.ipc.read_record_batch(pa.ipc.read_message(pa.py_buffer(block)), schema))
         except (pa.ArrowInvalid, pa.ArrowException, OSError) as err:
             raise _corrupt(name, f"has an undecodable batch at byte {off} ({err})") from None
-    table = pa.Table.from_batches(batches, schema=CHANGES_SCHEMA)
+    table = pa.Table.from_batches(batches, schema=schema)
 
     # Global row positions of each picked run, then one vectorised take.
     batch_base = np.zeros(len(batches) + 1, dtype=np.int64)
@@ -336,4 +424,4 @@ def read_key_groups(fetch: Fetch, name: str, index_offset: int, index_length: in
     total = int(rows.sum())
     within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(rows) - rows, rows)
     take = np.repeat(starts, rows) + within
-    return table.take(pa.array(take))
+    return _with_kg(table.take(pa.array(take)), name, max_parallelism)

@@ -55,6 +55,7 @@ from spark_state.keygroups import (
 from spark_state.manifest import DELTA, SNAPSHOT, CompactionRecord, FileEntry, Manifest
 from spark_state.options import PREFIX, Settings
 from spark_state.references import referenced_elsewhere
+from spark_state.rowkeys import last_per_key
 from spark_state.snapshot import CHANGES_SCHEMA
 from spark_state.storage import CheckpointStorage, resolve_root, storage_for
 from spark_state.storage.base import file_version, manifest_path, record_path
@@ -127,9 +128,16 @@ def merge_chain(tables: list[pa.Table], *, ordered: bool = True) -> pa.Table:
     key no delta touches (a hash lookup, ``is_in``). Each table holds at most
     one row per key (the commit contract). ``ordered`` sorts the result by key
     group, which files need and a restore into the JVM's hash map does not.
-    Work happens on 64-bit offsets, so more than 2 GiB of keys and values merge;
+    Opaque rows work on 64-bit offsets, so more than 2 GiB of keys and values merge;
     the result keeps CHANGES_SCHEMA's types where it fits and large_binary where not.
+    Typed rows (struct keys) merge the same way with ``spark_state.rowkeys``' key equality.
     """
+    typed = {snapshot.is_typed(t) for t in tables}
+    if len(typed) > 1:
+        raise StorageError("a chain mixes typed (format 2) and opaque (format 1) state files; spark_state writes a "
+                           "full typed snapshot before any typed delta, so this chain was assembled by hand.")
+    if typed == {True}:
+        return _merge_typed(_align(tables), ordered)
     tables = [t for t in tables if t.num_rows]
     if not tables:
         return snapshot.empty_table()
@@ -146,6 +154,57 @@ def merge_chain(tables: list[pa.Table], *, ordered: bool = True) -> pa.Table:
     if ordered and len(tables) > 1:
         merged = merged.take(np.argsort(merged.column("kg").to_numpy(), kind="stable"))
     return snapshot.narrow(merged)
+
+
+def _align(tables: list[pa.Table]) -> list[pa.Table]:
+    """Typed tables of one chain with the newest table's schema: a restarted query may declare the same
+    state with other nullability or field names (Spark's schema check allows that), and concatenation
+    needs one schema. Struct fields are matched by position, as Spark's rows are."""
+    target = tables[-1].schema
+    return [t if t.schema == target else _cast_positional(t, target) for t in tables]
+
+
+def _cast_positional(table: pa.Table, target: pa.Schema) -> pa.Table:
+    columns = []
+    for field in target:
+        column = table.column(field.name)
+        if pa.types.is_struct(field.type) and column.type != field.type:
+            column = pa.chunked_array([_struct_as(chunk, field.type) for chunk in column.chunks], field.type)
+        columns.append(column.cast(field.type) if column.type != field.type else column)
+    return pa.Table.from_arrays(columns, schema=target)
+
+
+def _struct_as(array: pa.StructArray, target: pa.StructType) -> pa.StructArray:
+    if array.type.num_fields != target.num_fields:
+        raise StorageError(f"state files of one store hold structs with {array.type.num_fields} and "
+                           f"{target.num_fields} fields ({array.type} vs {target}); the query's state schema "
+                           f"changed in a way Spark does not allow either.")
+    children = [array.field(i) for i in range(target.num_fields)]
+    children = [c if c.type == target.field(i).type else
+                (_struct_as(c, target.field(i).type) if pa.types.is_struct(c.type) else c.cast(target.field(i).type))
+                for i, c in enumerate(children)]
+    return pa.StructArray.from_arrays(children, fields=list(target), mask=array.is_null())
+
+
+def _merge_typed(tables: list[pa.Table], ordered: bool) -> pa.Table:
+    """merge_chain for struct keys: deltas folded by key codes; base rows are candidates only when a delta
+    has their hash (an int32 lookup), and only candidates are compared by key."""
+    schema_of = tables[-1]
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return snapshot.empty_table(schema_of)
+    base, deltas = tables[0], tables[1:]
+    if deltas:
+        newer = deltas[0] if len(deltas) == 1 else last_per_key(pa.concat_tables(deltas))
+        touched = pc.is_in(base.column("hash"), value_set=newer.column("hash").combine_chunks())
+        folded = last_per_key(pa.concat_tables([base.filter(touched), newer]))
+        merged = pa.concat_tables([base.filter(pc.invert(touched)), folded])
+    else:
+        merged = base
+    merged = merged.filter(merged.column("value").is_valid())
+    if ordered and len(tables) > 1:
+        merged = merged.take(np.argsort(merged.column("kg").to_numpy(), kind="stable"))
+    return merged
 
 
 class VersionedStore:
@@ -258,7 +317,7 @@ class VersionedStore:
         return changes
 
     def commit(self, version: int, changes: pa.Table, base_commit_id=UNCHECKED,
-               min_versions_to_retain: int | None = None) -> CommitResult:
+               min_versions_to_retain: int | None = None, *, full: bool = False) -> CommitResult:
         """Makes `version` = version-1 + changes durable; replaces an existing `version` (a retried batch).
 
         ``base_commit_id`` is the identity of version-1 the caller built its
@@ -280,6 +339,14 @@ class VersionedStore:
                 self._check_base(base, base_commit_id)
                 self._check_parallelism(base)
                 chain = self._rebased(self._chain(base, record), version, min_versions_to_retain)
+            if full:
+                chain = ()
+            elif chain and any(f.typed != snapshot.is_typed(changes) for f in chain):
+                raise ProtocolError(
+                    f"changes for version {version} of {self.name} are {'typed' if snapshot.is_typed(changes) else 'opaque'} "
+                    f"but version {version - 1} holds {'opaque' if snapshot.is_typed(changes) else 'typed'} files; a "
+                    f"shim switching formats sends the whole state once (commit with full=true). Update the shim jar "
+                    f"and spark_state together.")
             if chain:
                 kind, rows = DELTA, changes
             else:   # building on the empty state: the changes are the whole state
@@ -417,12 +484,13 @@ class VersionedStore:
             data = storage.read_file(entry.path)
             if verify:
                 snapshot.check_whole(data, name, entry.size, entry.checksum)
-            return snapshot.decode(data, name)
-        if len(key_groups) == 0:
+            return snapshot.decode(data, name, self.settings.max_parallelism)
+        if len(key_groups) == 0 and not entry.typed:
             return snapshot.empty_table()
         return snapshot.read_key_groups(lambda ranges: storage.read_ranges(entry.path, ranges), name,
                                         entry.index_offset, entry.index_length, entry.index_checksum,
-                                        key_groups, verify)
+                                        key_groups, verify, file_format=entry.file_format,
+                                        max_parallelism=self.settings.max_parallelism)
 
     def _read_slice(self, entry: FileEntry, key_groups: np.ndarray | None) -> pa.Table:
         """The rows of a (maybe another partition's) file that belong here: whole key groups by byte range,
@@ -637,7 +705,7 @@ class VersionedStore:
 def _entry(path: str, kind: str, version: int, encoded: snapshot.EncodedFile) -> FileEntry:
     return FileEntry(path=path, kind=kind, version=version, size=encoded.size, checksum=encoded.checksum,
                      rows=encoded.rows, index_offset=encoded.index_offset, index_length=encoded.index_length,
-                     index_checksum=encoded.index_checksum)
+                     index_checksum=encoded.index_checksum, file_format=encoded.file_format)
 
 
 # ----------------------------------------------------------------- cache of stores

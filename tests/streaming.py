@@ -355,3 +355,23 @@ def open_stored(checkpoint: Path, operator: int = 0, partition: int = 0, store_n
                    location="file:" + str(store_root(checkpoint, operator, partition, store_name)),
                    operator=operator, partition=partition, name=store_name)
     return open_store(ref, Settings(**options))
+
+
+def arrow_rows(table) -> list:
+    """A pyarrow Table's rows as sorted tuples the way ``plain`` makes Spark's rows: structs positionally
+    (Spark's field names may repeat), timestamps as naive UTC datetimes (the session time zone is UTC)."""
+    import pyarrow as pa
+
+    def values(array) -> list:
+        if pa.types.is_struct(array.type):
+            children = [values(array.field(i)) for i in range(array.type.num_fields)]
+            valid = array.is_valid().to_pylist()
+            return [tuple(c[i] for c in children) if valid[i] else None for i in range(len(array))]
+        if pa.types.is_timestamp(array.type) and array.type.tz is not None:
+            array = array.cast(pa.timestamp(array.type.unit))
+        return [plain(v) for v in array.to_pylist()]
+
+    table = table.combine_chunks()
+    columns = [values(table.column(i).chunk(0) if table.column(i).num_chunks else
+                      pa.array([], table.schema.field(i).type)) for i in range(table.num_columns)]
+    return sorted((tuple(c[i] for c in columns) for i in range(table.num_rows)), key=repr)

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from spark_state.keygroups import combine_residues, key_groups_of, slice_key_groups
 from spark_state.lifecycle.rescale import plan_rescale, source_manifest
-from spark_state.manifest import FORMAT_VERSION, PLAIN_FORMAT, Manifest
+from spark_state.manifest import PLAIN_FORMAT, SLICED_FORMAT, Manifest
 from spark_state.options import Settings
 from spark_state.references import REFS_DIR, Reference, referenced_elsewhere, write_reference
 from spark_state.state import CHANGES_SCHEMA, StoreRef, forget_stores, open_store
@@ -169,7 +169,7 @@ def test_rescaled_manifests_are_format_3_and_plain_ones_stay_format_2(tmp):
     assert plain.format == PLAIN_FORMAT == 2 and b"modulus" not in ckpt.store(0).storage.read_manifest(1)
     ckpt.rescale(2, 3, 1)
     sliced = Manifest.from_json(ckpt.store(2).storage.read_manifest(2), "m")
-    assert sliced.format == FORMAT_VERSION == 3 and all(f.partition in (0, 1) for f in sliced.files)
+    assert sliced.format == SLICED_FORMAT == 3 and all(f.partition in (0, 1) for f in sliced.files)
     assert sliced.query_id == "q1"
 
 

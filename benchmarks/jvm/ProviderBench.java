@@ -47,13 +47,36 @@ import org.apache.spark.unsafe.types.UTF8String;
 
 public final class ProviderBench {
 
-    static final StructType KEY_SCHEMA = new StructType().add("k", DataTypes.LongType, false);
-    static final StructType VALUE_SCHEMA = new StructType()
+    static final StructType BENCH_KEY = new StructType().add("k", DataTypes.LongType, false);
+    static final StructType BENCH_VALUE = new StructType()
             .add("a", DataTypes.LongType, false)
             .add("b", DataTypes.LongType, false)
             .add("c", DataTypes.DoubleType, false)
             .add("d", DataTypes.IntegerType, false)
             .add("s", DataTypes.StringType, false);
+    // --data sessions: what applyInPandasWithState keeps per user (its state struct plus the timeout
+    // timestamp, as Spark stores flatMapGroupsWithState state): ids, counters, timestamps, short strings.
+    static final StructType SESSIONS_KEY = new StructType().add("user", DataTypes.StringType, true);
+    static final StructType SESSION_STATE = new StructType()
+            .add("session_id", DataTypes.StringType, true)
+            .add("clicks", DataTypes.LongType, true)
+            .add("purchases", DataTypes.LongType, true)
+            .add("first_seen", DataTypes.TimestampType, true)
+            .add("last_seen", DataTypes.TimestampType, true)
+            .add("last_page", DataTypes.StringType, true)
+            .add("country", DataTypes.StringType, true);
+    static final StructType SESSIONS_VALUE = new StructType()
+            .add("groupState", SESSION_STATE, true)
+            .add("timeoutTimestamp", DataTypes.LongType, false);
+    static final String[] PAGES = {"/", "/home", "/cart", "/checkout", "/search", "/product/1042", "/product/77",
+        "/product/310", "/account", "/help", "/category/shoes", "/category/books"};
+    static final String[] COUNTRIES = {"US", "DE", "FR", "GB", "IN", "BR", "JP", "NL", "ES", "IT", "CA", "PL"};
+    static final long EPOCH_US = 1_767_225_600_000_000L;   // 2026-01-01T00:00:00Z
+    StructType KEY_SCHEMA = BENCH_KEY;
+    StructType VALUE_SCHEMA = BENCH_VALUE;
+    boolean sessions;
+    org.apache.spark.sql.catalyst.expressions.UnsafeProjection keyProj;
+    org.apache.spark.sql.catalyst.expressions.UnsafeProjection valueProj;
     static final String CF = StateStore.DEFAULT_COL_FAMILY_NAME();
 
     // ---------------------------------------------------------------- rows
@@ -72,13 +95,33 @@ public final class ProviderBench {
     }
 
     UnsafeRow key(long i) {
+        if (sessions) {
+            return keyProj.apply(new org.apache.spark.sql.catalyst.expressions.GenericInternalRow(
+                    new Object[] {UTF8String.fromString(String.format("user-%08d", i))}));
+        }
         kw.reset();
         kw.zeroOutNullBytes();
         kw.write(0, i);
         return kw.getRow();
     }
 
+    UnsafeRow sessionValue(long i, int gen) {
+        long h = (i * 0x9E3779B97F4A7C15L) ^ gen;
+        long first = EPOCH_US + (i % 86_400L) * 1_000_000L;
+        long last = first + gen * 45_000_000L + (h & 0xFFFF) * 1000L;
+        Object[] state = {
+            UTF8String.fromString(Long.toHexString((h >>> 16) & 0xFFFFFFFFFFFL)),
+            (long) (gen * 3 + (i % 7)), (long) ((i + gen) % 3 == 0 ? 1 : 0), first, last,
+            UTF8String.fromString(PAGES[(int) ((i + gen) % PAGES.length)]),
+            UTF8String.fromString(COUNTRIES[(int) (i % COUNTRIES.length)])};
+        return valueProj.apply(new org.apache.spark.sql.catalyst.expressions.GenericInternalRow(new Object[] {
+            new org.apache.spark.sql.catalyst.expressions.GenericInternalRow(state), last / 1000 + 1_800_000L}));
+    }
+
     UnsafeRow value(long i, int gen) {
+        if (sessions) {
+            return sessionValue(i, gen);
+        }
         vw.reset();
         vw.zeroOutNullBytes();
         vw.write(0, i);
@@ -87,6 +130,18 @@ public final class ProviderBench {
         vw.write(3, gen);
         vw.write(4, POOL[(int) ((i + gen) & 1023)]);
         return vw.getRow();
+    }
+
+    void useData(String name) {
+        if (name.equals("sessions")) {
+            sessions = true;
+            KEY_SCHEMA = SESSIONS_KEY;
+            VALUE_SCHEMA = SESSIONS_VALUE;
+            keyProj = org.apache.spark.sql.catalyst.expressions.UnsafeProjection.create(KEY_SCHEMA);
+            valueProj = org.apache.spark.sql.catalyst.expressions.UnsafeProjection.create(VALUE_SCHEMA);
+        } else if (!name.equals("bench")) {
+            throw new IllegalArgumentException("--data bench|sessions, not " + name);
+        }
     }
 
     // ---------------------------------------------------------------- args
@@ -546,6 +601,7 @@ public final class ProviderBench {
                 case "--provider-class": b.providerClass = args[++i]; break;
                 case "--mode": b.mode = args[++i]; break;
                 case "--rows": b.rows = Integer.parseInt(args[++i]); break;
+                case "--data": b.useData(args[++i]); break;
                 case "--dir": b.dir = args[++i]; break;
                 case "--batches": b.batches = Integer.parseInt(args[++i]); break;
                 case "--change-pct": b.changePct = Double.parseDouble(args[++i]); break;

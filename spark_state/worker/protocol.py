@@ -68,10 +68,11 @@ def write_frame(stream: BinaryIO, header: dict, body: bytes | memoryview | pa.Bu
 
 
 def table_to_ipc(table: pa.Table) -> pa.Buffer:
-    """One Arrow IPC stream of ``table`` as CHANGES_SCHEMA batches (no compression: the peer is on the same host)."""
-    from spark_state.snapshot import CHANGES_SCHEMA, binary_batches
+    """One Arrow IPC stream of ``table``: opaque rows as CHANGES_SCHEMA batches, typed rows as they are
+    (no compression: the peer is on the same host)."""
+    from spark_state.snapshot import CHANGES_SCHEMA, binary_batches, is_typed
 
-    if table.schema != CHANGES_SCHEMA and table.schema.names == CHANGES_SCHEMA.names:
+    if table.schema != CHANGES_SCHEMA and table.schema.names == CHANGES_SCHEMA.names and not is_typed(table):
         batches, schema = binary_batches(table), CHANGES_SCHEMA   # wide offsets: the JVM reads 32-bit ones
     else:
         batches, schema = table.to_batches(), table.schema

@@ -123,20 +123,23 @@ class Dispatcher:
         return open_store(store_ref_of(header), settings_of(header))
 
     def op_commit(self, header, body):
+        from spark_state.snapshot import is_typed
         from spark_state.state import CHANGES_SCHEMA, UNCHECKED
 
         version = _int_field(header, "version")
         changes = ipc_to_table(body) if body else CHANGES_SCHEMA.empty_table()
-        if changes.schema != CHANGES_SCHEMA:
+        if changes.schema != CHANGES_SCHEMA and not ("key" in changes.column_names and is_typed(changes)):
             try:
                 changes = changes.select(CHANGES_SCHEMA.names).cast(CHANGES_SCHEMA)
             except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
-                raise ProtocolError(f"commit body has schema {changes.schema}, expected {CHANGES_SCHEMA}: {err}") from None
+                raise ProtocolError(f"commit body has schema {changes.schema}, expected {CHANGES_SCHEMA} or typed "
+                                    f"struct key and value columns: {err}") from None
         base = header["baseCommitId"] if "baseCommitId" in header else UNCHECKED
         started = time.perf_counter()
         store = self._store(header)
         result = store.commit(version, changes, base_commit_id=base,
-                              min_versions_to_retain=_optional_int(header, "minVersionsToRetain"))
+                              min_versions_to_retain=_optional_int(header, "minVersionsToRetain"),
+                              full=bool(header.get("full", False)))
         return {"ok": True, "bytes": result.bytes_written, "files": result.files, "commitId": result.commit_id,
                 "ms": round((time.perf_counter() - started) * 1000, 3), **_maintenance_status(store)}, b""
 

@@ -13,16 +13,21 @@ import org.apache.arrow.memory.RootAllocator;
 import org.apache.arrow.vector.IntVector;
 import org.apache.arrow.vector.VarBinaryVector;
 import org.apache.arrow.vector.VectorSchemaRoot;
+import org.apache.arrow.vector.complex.StructVector;
 import org.apache.arrow.vector.ipc.ArrowStreamReader;
 import org.apache.arrow.vector.ipc.ArrowStreamWriter;
 import org.apache.arrow.vector.types.pojo.ArrowType;
 import org.apache.arrow.vector.types.pojo.Field;
 import org.apache.arrow.vector.types.pojo.Schema;
+import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
+import org.apache.spark.sql.types.StructType;
 
 /**
- * Arrow IPC streams of docs/protocol.md: {@code kg:int32, hash:int32, key:binary, value:binary
- * nullable} (null value = delete). Only encoding and decoding; no storage logic.
+ * Arrow IPC streams of docs/protocol.md: {@code kg:int32, hash:int32, key, value} (null value =
+ * delete), key and value either typed struct columns ({@link TypedCodec}) or opaque {@code UnsafeRow}
+ * bytes (format 1, for schemas Spark's Arrow conversion cannot map, and checkpoints written before
+ * typed files). Only encoding and decoding; no storage logic.
  */
 final class ArrowCodec {
   static final int BATCH_ROWS = 16384;
@@ -146,17 +151,31 @@ final class ArrowCodec {
     void accept(UnsafeRow key, UnsafeRow value);
   }
 
-  /** Decodes a state stream; rows with a null value are skipped (they only occur in change logs). */
-  static long decodeState(InputStream in, int keyFields, int valueFields, RowSink sink) throws IOException {
-    long rows = 0;
+  /**
+   * Decodes a state stream, typed or opaque; rows with a null value are skipped (they only occur in
+   * change logs). Returns whether the stream was typed (false: opaque rows of format 1).
+   */
+  static boolean decodeState(InputStream in, StructType keySchema, StructType valueSchema, RowSink sink)
+      throws IOException {
+    int keyFields = keySchema.fields().length;
+    int valueFields = valueSchema.fields().length;
     try (BufferAllocator alloc = ROOT.newChildAllocator("spark-state-load", 0, Long.MAX_VALUE);
          ArrowStreamReader reader = new ArrowStreamReader(in, alloc)) {
       VectorSchemaRoot root = reader.getVectorSchemaRoot();
+      if (root.getVector("key") instanceof StructVector && root.getVector("value") instanceof StructVector) {
+        UnsafeProjection keyProjection = UnsafeProjection.create(keySchema);
+        UnsafeProjection valueProjection = UnsafeProjection.create(valueSchema);
+        while (reader.loadNextBatch()) {
+          TypedCodec.decodeBatch(root, keyProjection, valueProjection, sink);
+        }
+        return true;
+      }
+      if (!(root.getVector("key") instanceof VarBinaryVector && root.getVector("value") instanceof VarBinaryVector)) {
+        throw new IOException("state stream from the worker has no typed or opaque key and value columns: "
+            + root.getSchema());
+      }
       VarBinaryVector key = (VarBinaryVector) root.getVector("key");
       VarBinaryVector value = (VarBinaryVector) root.getVector("value");
-      if (key == null || value == null) {
-        throw new IOException("state stream from the worker lacks a key or value column: " + root.getSchema());
-      }
       while (reader.loadNextBatch()) {
         int n = root.getRowCount();
         for (int i = 0; i < n; i++) {
@@ -170,10 +189,9 @@ final class ArrowCodec {
           UnsafeRow v = new UnsafeRow(valueFields);
           v.pointTo(vb, vb.length);
           sink.accept(k, v);
-          rows++;
         }
       }
     }
-    return rows;
+    return false;
   }
 }

@@ -74,6 +74,8 @@ public class SparkStateProvider implements StateStoreProvider {
   private Configuration hadoopConf;
   private Map<String, String> options = Collections.emptyMap();
   private KeyHasher hasher;
+  /** Typed rows for this store's schemas; null when Spark's Arrow conversion cannot map them (opaque rows). */
+  private TypedCodec typed;
   /** The store's identity as requests send it; replaced whole (never mutated) so readers need no lock. */
   private volatile ObjectNode storeNode;
 
@@ -174,6 +176,12 @@ public class SparkStateProvider implements StateStoreProvider {
     }
     this.hasher = new KeyHasher(keySchema,
         KeyHasher.hashFieldCount(keySchema, numColsPrefixKey, stateStoreId.storeName()), maxParallelism);
+
+    this.typed = TypedCodec.forSchemas(keySchema, valueSchema);
+    if (typed == null) {
+      LOG.info("spark_state: {} keeps opaque rows (file format 1): Spark's Arrow conversion cannot map its key "
+          + "schema {} or value schema {}", this, keySchema.simpleString(), valueSchema.simpleString());
+    }
 
     createStoreDirectory();
 
@@ -314,8 +322,6 @@ public class SparkStateProvider implements StateStoreProvider {
     if (version == 0) {
       return newMap(0, 0);
     }
-    int keyFields = keySchema.fields().length;
-    int valueFields = valueSchema.fields().length;
     ObjectNode h = request("load");
     h.put("version", version);
     if (knownCommitId != null) {
@@ -328,7 +334,7 @@ public class SparkStateProvider implements StateStoreProvider {
       }
       StateMap m = newMap(version, reply.path("rows").asLong(0));
       m.commitId = reply.path("commitId").asText(null);
-      ArrowCodec.decodeState(body, keyFields, valueFields, m::put);
+      m.opaque = !ArrowCodec.decodeState(body, keySchema, valueSchema, m::put);
       return m;
     });
     if (map != null) {
@@ -349,12 +355,23 @@ public class SparkStateProvider implements StateStoreProvider {
    */
   JsonNode commitChanges(StateMap map, long newVersion, Map<UnsafeRow, UnsafeRow> changes) {
     ArrowCodec.Body body;
+    // A map loaded from opaque files becomes typed by shipping it whole once (the map already holds the changes).
+    boolean full = typed != null && map.opaque;
     try {
-      body = ArrowCodec.encodeChanges(changes, hasher);
+      if (typed == null) {
+        body = ArrowCodec.encodeChanges(changes, hasher);
+      } else if (full) {
+        body = typed.encode(map.rows.entrySet().iterator(), map.size(), hasher);
+      } else {
+        body = typed.encode(changes.entrySet().iterator(), changes.size(), hasher);
+      }
     } catch (IOException e) {
       throw new UncheckedIOException("spark_state: cannot encode the changes of " + this, e);
     }
     ObjectNode h = request("commit");
+    if (full) {
+      h.put("full", true);
+    }
     h.put("version", newVersion);
     h.put("baseCommitId", map.commitId);
     h.put("minVersionsToRetain", storeConf.minVersionsToRetain());
@@ -367,6 +384,7 @@ public class SparkStateProvider implements StateStoreProvider {
   synchronized void committed(SparkStateStore store, long newVersion, String commitId, long changes) {
     store.map().version = newVersion;
     store.map().commitId = commitId;
+    store.map().opaque &= typed == null;
     heldVersion = newVersion;
     lastChanges = changes;
     if (open == store) {

@@ -24,6 +24,11 @@ final class StateMap {
   long version;
   /** Identity of the committed version this map holds (null for version 0): see docs/consistency.md. */
   String commitId;
+  /**
+   * The map was loaded from opaque (format 1) files: typed deltas cannot build on them, so the next
+   * commit ships the whole state once as a typed snapshot.
+   */
+  boolean opaque;
 
   /** {@code expectedRows}: how many keys the map will hold (sizes the table once, no rehashing). */
   StateMap(long version, PrefixIndex prefix, long expectedRows) {

@@ -1,0 +1,118 @@
+package io.sparkstate.shim;
+
+import java.io.IOException;
+import java.util.Iterator;
+import java.util.Map;
+
+import org.apache.arrow.vector.VectorSchemaRoot;
+import org.apache.arrow.vector.ipc.ArrowStreamWriter;
+import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
+import org.apache.spark.sql.execution.arrow.ArrowWriter;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.StructField;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.sql.vectorized.ArrowColumnVector;
+import org.apache.spark.sql.vectorized.ColumnarRow;
+
+/**
+ * Typed rows of docs/protocol.md ({@code kg, hash, key: struct, value: struct}): the key and value
+ * {@link UnsafeRow}s as Arrow struct columns, converted by Spark's own Arrow utilities (the ones
+ * PySpark's Arrow path uses), so every Spark type maps exactly as Spark maps it. Only conversion;
+ * the worker owns the file format.
+ */
+final class TypedCodec {
+  /** Timestamps are instants: labelled UTC, as the values Spark holds are UTC microseconds. */
+  static final String TIME_ZONE = "UTC";
+
+  private final StructType rowType;
+
+  private TypedCodec(StructType keySchema, StructType valueSchema) {
+    this.rowType = DataTypes.createStructType(new StructField[] {
+        DataTypes.createStructField("kg", DataTypes.IntegerType, true),
+        DataTypes.createStructField("hash", DataTypes.IntegerType, true),
+        DataTypes.createStructField("key", keySchema, false),
+        DataTypes.createStructField("value", valueSchema, true)});
+  }
+
+  /**
+   * The codec for a store's schemas, or null when Spark's Arrow conversion cannot map one of their
+   * types (the store then keeps opaque row bytes, file format 1).
+   */
+  static TypedCodec forSchemas(StructType keySchema, StructType valueSchema) {
+    if (Boolean.getBoolean("spark_state.opaqueRows")) {
+      return null;   // benchmarks compare file format 1 in the same run
+    }
+    TypedCodec codec = new TypedCodec(keySchema, valueSchema);
+    try {
+      ArrowWriter writer = codec.newWriter();
+      writer.root().close();
+      return codec;
+    } catch (RuntimeException e) {
+      return null;
+    }
+  }
+
+  private ArrowWriter newWriter() {
+    return ArrowWriter.create(rowType, TIME_ZONE, false, false);
+  }
+
+  /** Encodes rows (key to value, null value = delete) as one Arrow stream of typed batches. */
+  ArrowCodec.Body encode(Iterator<Map.Entry<UnsafeRow, UnsafeRow>> rows, int expected, KeyHasher hasher)
+      throws IOException {
+    ArrowCodec.Body bytes = new ArrowCodec.Body(Math.max(1024, Math.min(expected, 1 << 22) * 48));
+    ArrowWriter arrow = newWriter();
+    VectorSchemaRoot root = arrow.root();
+    try (ArrowStreamWriter writer = new ArrowStreamWriter(root, null, bytes)) {
+      writer.start();
+      GenericInternalRow row = new GenericInternalRow(4);
+      int n = 0;
+      long batchBytes = 0;
+      while (rows.hasNext()) {
+        Map.Entry<UnsafeRow, UnsafeRow> e = rows.next();
+        UnsafeRow k = e.getKey();
+        UnsafeRow v = e.getValue();
+        int h = hasher.hash(k);
+        row.update(0, hasher.keyGroup(h));
+        row.update(1, h);
+        row.update(2, k);
+        row.update(3, v);
+        arrow.write(row);
+        n++;
+        batchBytes += k.getSizeInBytes() + (v == null ? 0 : v.getSizeInBytes());
+        if (n == ArrowCodec.BATCH_ROWS || batchBytes >= ArrowCodec.BATCH_BYTES) {
+          arrow.finish();
+          writer.writeBatch();
+          arrow.reset();
+          n = 0;
+          batchBytes = 0;
+        }
+      }
+      if (n > 0) {
+        arrow.finish();
+        writer.writeBatch();
+      }
+      writer.end();
+    } finally {
+      root.close();
+    }
+    return bytes;
+  }
+
+  /** Decodes one batch of a typed state stream; rows with a null value are skipped. */
+  static void decodeBatch(VectorSchemaRoot root, UnsafeProjection keyProjection, UnsafeProjection valueProjection,
+      ArrowCodec.RowSink sink) {
+    ArrowColumnVector key = new ArrowColumnVector(root.getVector("key"));
+    ArrowColumnVector value = new ArrowColumnVector(root.getVector("value"));
+    int n = root.getRowCount();
+    for (int i = 0; i < n; i++) {
+      if (value.isNullAt(i)) {
+        continue;
+      }
+      ColumnarRow k = key.getStruct(i);
+      ColumnarRow v = value.getStruct(i);
+      sink.accept(keyProjection.apply(k).copy(), valueProjection.apply(v).copy());
+    }
+  }
+}

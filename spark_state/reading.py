@@ -1,0 +1,100 @@
+"""read_state: one operator's state at a committed batch as a pyarrow Table, without Spark.
+
+State files are typed tables (file format 2), so reading state needs no
+SparkSession, no JVM and no decoder of Spark's ``UnsafeRow``: the key and
+value come back as struct columns with the operator's schemas, ready for
+``duckdb``, ``polars.from_arrow`` or ``Table.to_pandas()``. Rows are what
+``spark.read.format("statestore")`` returns for the same checkpoint, batch
+and store (``tests/test_read_state.py`` checks it for every operator).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import pyarrow as pa
+
+from spark_state.checkpoint import DEFAULT_STORE, SparkCheckpoint, StoreId, settings_from
+from spark_state.options import Settings
+from spark_state.snapshot import is_typed
+from spark_state.sparklog import CheckpointError
+
+
+def read_state(checkpoint_location: str, operator: int = 0, store_name: str | None = None,
+               batch: int | None = None, partitions: Iterable[int] | None = None, *,
+               options: Mapping[str, str] | Settings | None = None) -> pa.Table:
+    """The state of `operator` after committed `batch` (default: the latest), every partition (or
+    `partitions`): columns ``partition`` (int32), ``key`` and ``value`` (structs).
+
+    `store_name` picks one of an operator's stores (a stream-stream join has four,
+    e.g. ``left-keyToNumValues``); operators with one store need none. `options`
+    are the query's spark_state options (``checkpointRoot`` if it set one).
+    """
+    ckpt = SparkCheckpoint(checkpoint_location, settings_from(options))
+    at = ckpt.committed(batch)
+    ckpt.require_spark_state(at)
+    store_name = _store_name(ckpt, operator, store_name)
+    count = ckpt.num_partitions(at)
+    wanted = range(count) if partitions is None else sorted(set(partitions))
+    bad = [p for p in wanted if not 0 <= p < count]
+    if bad:
+        raise CheckpointError(f"partitions {bad} do not exist at batch {at} of {ckpt.url}: it has partitions "
+                              f"0..{count - 1}.")
+    tables = []
+    for p in wanted:
+        sid = StoreId(operator, p, store_name)
+        state = ckpt.store(sid).load(at + 1)
+        if not is_typed(state):
+            raise CheckpointError(
+                f"{sid} of {ckpt.url} at batch {at} is stored in file format 1 (opaque UnsafeRow bytes, written "
+                f"by spark_state before 0.2 or for a schema Spark's Arrow conversion cannot map): it cannot be read "
+                f"without Spark. Run the query for one more batch with this spark_state (its first commit rewrites "
+                f"each store as typed files), or read it with spark.read.format('statestore').")
+        tables.append(pa.table({"partition": pa.array([p] * state.num_rows, pa.int32()),
+                                "key": state.column("key"), "value": state.column("value")}))
+    if not tables:
+        raise CheckpointError("no partitions asked for; pass partitions=None for all of them.")
+    target = _unique_names(tables[-1].schema)
+    return pa.concat_tables([_as(t, target) for t in tables])
+
+
+def _store_name(ckpt: SparkCheckpoint, operator: int, store_name: str | None) -> str:
+    ops = {op.id: op for op in ckpt.operators}
+    if operator not in ops:
+        raise CheckpointError(f"no operator {operator} in {ckpt.url}; its stateful operators are "
+                              f"{sorted(ops) or 'none'}.")
+    names = ops[operator].stores
+    if store_name is None:
+        if len(names) == 1 or DEFAULT_STORE in names:
+            return names[0] if len(names) == 1 else DEFAULT_STORE
+        raise CheckpointError(f"operator {operator} ({ops[operator].name}) of {ckpt.url} has stores {list(names)}; "
+                              f"pass store_name= one of them.")
+    if store_name not in names:
+        raise CheckpointError(f"operator {operator} ({ops[operator].name}) of {ckpt.url} has no store "
+                              f"{store_name!r}; its stores are {list(names)}.")
+    return store_name
+
+
+def _unique_names(schema: pa.Schema) -> pa.Schema:
+    """Struct fields renamed where Spark gave two the same name (``sum``, ``sum``: ``sum``, ``sum_2``), so that
+    DuckDB, Polars and pandas can address each; values and order are unchanged."""
+    fields = []
+    for field in schema:
+        if pa.types.is_struct(field.type):
+            seen: dict[str, int] = {}
+            children = []
+            for child in field.type:
+                seen[child.name] = seen.get(child.name, 0) + 1
+                name = child.name if seen[child.name] == 1 else f"{child.name}_{seen[child.name]}"
+                children.append(child.with_name(name))
+            field = field.with_type(pa.struct(children))
+        fields.append(field)
+    return pa.schema(fields)
+
+
+def _as(table: pa.Table, target: pa.Schema) -> pa.Table:
+    if table.schema == target:
+        return table
+    from spark_state.state import _cast_positional
+
+    return _cast_positional(table, target)

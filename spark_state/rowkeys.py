@@ -1,0 +1,61 @@
+"""Which rows of typed state share a key: the worker's merge of a chain needs key equality.
+
+Opaque rows compare keys as ``UnsafeRow`` bytes; typed rows (file format 2)
+hold the key as a struct column, which Arrow cannot hash as one value. Two
+typed keys are equal exactly when their UnsafeRows are (Spark writes one
+canonical row per value), i.e. when every leaf field is equal, nulls equal
+to nulls. ``key_codes`` numbers the keys so that equal keys get equal codes:
+each leaf is dictionary-encoded (nulls as a value) and the codes combined
+column by column. Leaves Arrow cannot dictionary-encode (lists, maps) are
+compared by their Python values; keys of that kind are rare (a grouping by
+an array column) and only deltas and the base rows they touch get here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+def _leaves(array: pa.Array):
+    """Leaf arrays of a (nested) struct array, with each struct level's validity as a leaf of its own."""
+    if pa.types.is_struct(array.type):
+        if array.null_count:
+            yield array.is_valid()
+        for child in array.flatten():   # flatten applies the parent's validity to its children
+            yield from _leaves(child)
+    else:
+        yield array
+
+
+def _leaf_codes(leaf: pa.Array) -> np.ndarray:
+    try:
+        encoded = pc.dictionary_encode(leaf, null_encoding="encode")
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+        encoded = pc.dictionary_encode(pa.array([repr(v) for v in leaf.to_pylist()], pa.string()))
+    return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def key_codes(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """An int64 per row; equal keys (every leaf equal, nulls included) get equal codes."""
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks() if keys.num_chunks != 1 else keys.chunk(0)
+    codes = np.zeros(len(keys), dtype=np.int64)
+    for leaf in _leaves(keys):
+        leaf_codes = _leaf_codes(leaf)
+        width = int(leaf_codes.max()) + 1 if len(leaf_codes) else 1
+        codes = codes * width + leaf_codes
+        if codes.max(initial=0) > (1 << 40):   # renumber densely before the next leaf could overflow
+            codes = np.unique(codes, return_inverse=True)[1].astype(np.int64)
+    return codes
+
+
+def last_per_key(table: pa.Table) -> pa.Table:
+    """The last row of each key (rows in write order), in the order those rows had."""
+    if table.num_rows <= 1:
+        return table
+    codes = key_codes(table.column("key"))
+    reversed_first = np.unique(codes[::-1], return_index=True)[1]
+    last = np.sort(len(codes) - 1 - reversed_first)
+    return table if len(last) == table.num_rows else table.take(pa.array(last))
