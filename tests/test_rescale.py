@@ -16,6 +16,7 @@ from spark_state import PROVIDER_CLASS
 from spark_state import rescale as top_level_rescale
 from spark_state.checkpoint import SparkCheckpoint, StoreId
 from spark_state.lifecycle import rescale, restore, savepoint
+from spark_state.manifest import TYPED_FORMAT
 from spark_state.references import REFS_DIR
 from spark_state.sparklog import CheckpointError
 from tests.lifecycle import cli, cli_json, finished_checkpoint
@@ -166,7 +167,7 @@ def test_cli_rescale_then_the_query_runs_with_the_new_count(finished, tmp_path):
     code, checked = cli_json("validate", ckpt)
     assert code == 0 and checked["ok"] and not checked["problems"]
     code, store = cli_json("inspect", ckpt, "-o", "0", "-p", "2")
-    assert store["version"] == 3 and store["format"] == 3 and store["rows"] > 0
+    assert store["version"] == 3 and store["format"] == TYPED_FORMAT and store["rows"] > 0   # sliced, typed files
     assert {f.get("partition") for f in store["chain"]} == {0, 1}
     assert "in partition 1's store" in cli("inspect", ckpt, "-o", "0", "-p", "2").stdout
     done = cli("rescale", ckpt, "1")
