@@ -10,7 +10,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-cluster install shim bench bench-quick bench-rescale clean wheel test-compat
+.PHONY: demo test test-cluster install shim bench bench-quick bench-rescale bench-typed clean wheel test-compat
 
 demo: install
 	$(PY) -m spark_state.demo
@@ -57,6 +57,9 @@ bench-quick: install
 
 bench-rescale: install
 	$(PY) -m benchmarks.rescale
+
+bench-typed: install
+	$(PY) -m benchmarks.typed_files
 
 clean:
 	rm -rf $(VENV) jvm-shim/build build dist .pytest_cache .hypothesis

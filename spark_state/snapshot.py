@@ -84,8 +84,9 @@ _MAGICS = {fmt: MAGIC[:-1] + bytes([fmt]) for fmt in (OPAQUE_FORMAT, TYPED_FORMA
 _TRAILER = struct.Struct("<QQ8s")
 TRAILER_SIZE = _TRAILER.size
 
-#: Raw bytes of rows per record batch (see module docstring).
-TARGET_BATCH_BYTES = 256 * 1024
+#: Raw bytes of rows per record batch (see module docstring). 1 MiB: typed columns compress ~5% smaller than
+#: in 256 KiB batches (each buffer is its own zstd frame), and a subset read decodes at most that much extra.
+TARGET_BATCH_BYTES = 1024 * 1024
 #: Per-row bytes beyond key and value (kg, hash, two int32 offsets).
 _ROW_OVERHEAD = 16
 
