@@ -158,3 +158,16 @@ def test_a_format_1_chain_becomes_typed_by_one_full_commit_and_typed_manifests_a
         store.commit(5, table([a]), base_commit_id=c4.commit_id)
         store.maintenance(2, 5)   # compacts the typed chain
         assert as_dict(store.load(5)) == as_dict(table([a, b]))
+
+
+def test_read_state_names_repeated_struct_fields_apart_and_keeps_their_values():
+    from spark_state.reading import _as, _unique_names
+
+    value = pa.StructArray.from_arrays([pa.array([1, 2]), pa.array([3, 4]), pa.array(["x", "y"])],
+                                       fields=[pa.field("sum", pa.int64()), pa.field("sum", pa.int64()),
+                                               pa.field("last", pa.string())])
+    t = pa.table({"partition": pa.array([0, 1], pa.int32()), "key": pa.array([{"k": "a"}, {"k": "b"}]),
+                  "value": value})
+    named = _as(t, _unique_names(t.schema))
+    assert named.schema.field("value").type.names == ["sum", "sum_2", "last"]
+    assert named.column("value").to_pylist() == [{"sum": 1, "sum_2": 3, "last": "x"}, {"sum": 2, "sum_2": 4, "last": "y"}]
