@@ -43,6 +43,7 @@ def check_version(installing: Future, version: str, work: Path) -> dict:
     t0 = time.monotonic()
     try:
         python, record["install_s"] = installing.result()
+        t0 = time.monotonic()
         env = wheel_env.jre_env(work)
         results = []
         for phase in (1, 2):
