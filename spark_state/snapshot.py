@@ -3,9 +3,11 @@
 A file is three parts, all little-endian, nothing pickled::
 
     data     an Arrow IPC *stream* (zstd-compressed buffers) of the rows:
-             rows sorted by key group, cut into record batches that hold whole
-             key-group runs (a key group bigger than the batch target gets
-             batches of its own), then the end-of-stream marker
+             the schema, the dictionaries of a typed file's dictionary
+             columns (if any, one per column), then the rows sorted by key
+             group, cut into record batches that hold whole key-group runs (a
+             key group bigger than the batch target gets batches of its own),
+             then the end-of-stream marker
     index    an Arrow IPC stream of INDEX_SCHEMA: one row per (key group,
              batch): the batch's byte range and CRC-32, and the key group's
              row range inside that batch
@@ -19,7 +21,11 @@ Two row layouts, told apart by the file's magic and its manifest entry:
   Spark type. Any Arrow reader (pandas, DuckDB, Polars) can read the rows, and
   typed columns compress far better than opaque row bytes. The key group is
   not stored: it is ``pmod(hash, maxParallelism)``, recomputed on read (the
-  index keeps it). A null ``value`` is a delete (only in deltas).
+  index keeps it). A null ``value`` is a delete (only in deltas). A string or
+  binary leaf whose values repeat (at most half as many distinct values as
+  rows) is stored as an Arrow dictionary column (``spark_state.dictionaries``:
+  3-8x fewer bytes for such columns); readers get Spark's plain types back.
+  Files without dictionaries (written before them) read the same way.
 * **format 1, opaque** (CHANGES_SCHEMA): ``kg``, ``hash`` and ``key``/``value``
   as the bytes of Spark's ``UnsafeRow``s. Still read; still written for a store
   whose schema Spark's Arrow conversion cannot map.
@@ -57,6 +63,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_state import dictionaries
 from spark_state.errors import ChecksumMismatch, FormatVersionError
 
 CHANGES_SCHEMA = pa.schema([("kg", pa.int32()), ("hash", pa.int32()), ("key", pa.binary()), ("value", pa.binary())])
@@ -232,7 +239,7 @@ def encode(table: pa.Table, compression_level: int = 3, *, sorted_by_kg: bool = 
 
     options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level))
     sink = pa.BufferOutputStream()
-    stored = table.drop_columns(["kg"]) if typed else table
+    stored = dictionaries.encode(table.drop_columns(["kg"])) if typed else table
     schema = stored.schema if typed else CHANGES_SCHEMA
     with pa.ipc.new_stream(sink, schema, options=options) as writer:
         for start, rows in zip(batch_first.tolist(), batch_rows.tolist()):
@@ -240,18 +247,25 @@ def encode(table: pa.Table, compression_level: int = 3, *, sorted_by_kg: bool = 
             writer.write_table(part if part.schema == schema else part.cast(schema))
     data = sink.getvalue()
 
-    # Byte range of each batch message: walk the stream's message framing (no decoding).
+    # Byte range of each batch message: walk the stream's message framing (no decoding). The head before
+    # the first batch is the schema and the file's dictionaries (one per dictionary column, see
+    # spark_state.dictionaries); a subset read decodes its batches with that head.
     src = pa.BufferReader(data)
     reader = pa.ipc.MessageReader.open_stream(src)
-    bounds = []
+    starts, ends = [], []
     while True:
+        start = src.tell()
         try:
-            reader.read_next_message()
+            message = reader.read_next_message()
         except StopIteration:
             break
-        bounds.append(src.tell())
-    offsets = np.asarray(bounds[:-1], dtype=np.int64)   # first message is the schema
-    lengths = np.diff(np.asarray(bounds, dtype=np.int64))
+        if message.type == "record batch":
+            starts.append(start)
+            ends.append(src.tell())
+        elif starts:
+            raise AssertionError(f"Arrow wrote a {message.type} message between record batches")
+    offsets = np.asarray(starts, dtype=np.int64)
+    lengths = np.asarray(ends, dtype=np.int64) - offsets
     view = memoryview(data)
     crcs = np.fromiter((zlib.crc32(view[o:o + ln]) for o, ln in zip(offsets.tolist(), lengths.tolist())),
                        dtype=np.uint32, count=len(offsets))
@@ -341,6 +355,7 @@ def _with_kg(table: pa.Table, name: str, max_parallelism: int | None) -> pa.Tabl
     _check_stored_schema(table.schema, name)
     if "kg" in table.column_names:
         return table
+    table = dictionaries.decode(table)
     if max_parallelism is None:
         raise ValueError(f"reading typed state file {name} needs the max parallelism to derive key groups")
     from spark_state.keygroups import key_groups_of
@@ -360,15 +375,27 @@ def decode_index(data, name: str, checksum: str | None) -> pa.Table:
     return index
 
 
-def _read_schema(fetch: Fetch, name: str, end: int) -> pa.Schema:
-    """The stream's schema: its first message, in bytes [0, end)."""
+def _read_head(fetch: Fetch, name: str, end: int) -> tuple[pa.Schema, bytes]:
+    """The stream's schema and its head, bytes [0, end): the schema message, then any dictionaries."""
     (head,) = fetch([(0, end)])
     try:
         schema = pa.ipc.read_schema(pa.py_buffer(head))
     except (pa.ArrowInvalid, pa.ArrowException, OSError) as err:
         raise _corrupt(name, f"has an unreadable schema ({err})") from None
     _check_stored_schema(schema, name)
-    return schema
+    return schema, bytes(head)
+
+
+#: Arrow IPC's end-of-stream marker (continuation token, zero length).
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def _read_batch(block, schema: pa.Schema, head: bytes | None) -> pa.RecordBatch:
+    """One record batch message; with dictionary columns it is decoded as the stream head + the batch."""
+    if head is None:
+        return pa.ipc.read_record_batch(pa.ipc.read_message(pa.py_buffer(block)), schema)
+    (batch,) = pa.ipc.open_stream(pa.py_buffer(b"".join((head, block, _EOS)))).read_all().to_batches()
+    return batch
 
 
 def read_key_groups(fetch: Fetch, name: str, index_offset: int, index_length: int, index_checksum: str | None,
@@ -380,10 +407,12 @@ def read_key_groups(fetch: Fetch, name: str, index_offset: int, index_length: in
     index = decode_index(index_bytes, name, index_checksum if verify else None)
     kg = index.column("kg").to_numpy()
     pick = np.flatnonzero(np.isin(kg, key_groups))
-    schema = CHANGES_SCHEMA
+    schema, head = CHANGES_SCHEMA, None
     if file_format != OPAQUE_FORMAT:
         all_offsets = index.column("offset").to_numpy()
-        schema = _read_schema(fetch, name, int(all_offsets.min()) if len(all_offsets) else index_offset)
+        schema, head = _read_head(fetch, name, int(all_offsets.min()) if len(all_offsets) else index_offset)
+        if not dictionaries.has_dictionaries(schema):
+            head = None
     if len(pick) == 0:
         return _with_kg(schema.empty_table(), name, max_parallelism)
     offsets = index.column("offset").to_numpy()[pick]
@@ -413,7 +442,7 @@ def read_key_groups(fetch: Fetch, name: str, index_offset: int, index_length: in
         if verify and zlib.crc32(block) != int(crcs[first_pick[b]]):
             raise _corrupt(name, f"has a batch at byte {off} whose CRC-32 does not match its index")
         try:
-            batches.append(pa.ipc.read_record_batch(pa.ipc.read_message(pa.py_buffer(block)), schema))
+            batches.append(_read_batch(block, schema, head))
         except (pa.ArrowInvalid, pa.ArrowException, OSError) as err:
             raise _corrupt(name, f"has an undecodable batch at byte {off} ({err})") from None
     table = pa.Table.from_batches(batches, schema=schema)
