@@ -3,6 +3,8 @@ every reader gets the plain types back, and files written without them still rea
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -62,6 +64,11 @@ def make_table(rows: int, distinct: int, seed: int, *, null_share: float = 0.1, 
     hashes = rng.integers(-(2**31), 2**31, rows).astype(np.int32)
     return pa.table({"kg": pa.array(key_groups_of(hashes, M), pa.int32()), "hash": pa.array(hashes),
                      "key": pa.array(keys, KEY), "value": pa.array(values, VALUE)}, schema=SCHEMA)
+
+
+def fixture_table() -> pa.Table:
+    """The rows of tests/fixtures/format2/v1-plain-index.arrow (tests/fixtures/make_format2_v1.py)."""
+    return _sorted(make_table(700, 6, 11, deletes=True))
 
 
 def _sorted(t: pa.Table) -> pa.Table:
@@ -165,3 +172,40 @@ def test_decode_keeps_field_names_nullability_and_repeated_names():
     assert [f.type for f in enc.schema.field("value").type][:2] == [pa.dictionary(pa.int8(), pa.string())] * 2
     back = dictionaries.decode(enc)
     assert back.schema == t.schema and back.equals(t)
+
+
+def test_a_typed_file_written_before_dictionaries_and_the_batch_index_still_reads():
+    """tests/fixtures/format2/v1-plain-index.arrow: plain strings, a row per (key group, batch) in its index."""
+    data = (Path(__file__).parent / "fixtures" / "format2" / "v1-plain-index.arrow").read_bytes()
+    t = fixture_table()
+    offset, length = snapshot.read_trailer(data, "v1")
+    assert snapshot.decode_index(data[offset:offset + length], "v1", None).schema == snapshot.INDEX_SCHEMA
+    assert not _dictionary_leaves(pa.ipc.open_stream(pa.py_buffer(data)).schema)
+    assert snapshot.decode(data, "v1", M).equals(t)
+    for wanted in ([], [0], [5, 6, 7, 40], list(range(0, M, 2)), list(range(M))):
+        sub = snapshot.read_key_groups(_fetch(data), "v1", offset, length, None, np.array(wanted, np.int32),
+                                       file_format=snapshot.TYPED_FORMAT, max_parallelism=M)
+        assert sub.equals(t.filter(pa.array(np.isin(t.column("kg").to_numpy(), wanted))))
+
+
+def test_typed_files_index_a_row_per_batch_and_subsets_read_only_their_batches():
+    t = fixture_table()
+    enc = snapshot.encode(t, 3, target_batch_bytes=4096)
+    index = snapshot.decode_index(enc.data[enc.index_offset:enc.index_offset + enc.index_length], "f", None)
+    assert index.schema == snapshot.BATCH_INDEX_SCHEMA and index.num_rows > 4
+    first, last = index.column("first_kg").to_numpy(), index.column("last_kg").to_numpy()
+    assert (first <= last).all() and (last[:-1] <= first[1:]).all()
+    assert index.column("rows").to_numpy().sum() == t.num_rows
+    ranges = []
+
+    def fetch(rs):
+        ranges.extend(rs)
+        return [enc.data[a:b] for a, b in rs]
+
+    wanted = np.array([int(first[2])], np.int32)
+    sub = snapshot.read_key_groups(fetch, "f", enc.index_offset, enc.index_length, enc.index_checksum, wanted,
+                                   file_format=enc.file_format, max_parallelism=M)
+    assert sub.equals(t.filter(pa.array(t.column("kg").to_numpy() == wanted[0])))
+    batch_bytes = sum(b - a for a, b in ranges[2:])   # after the index and the stream head
+    holding = (first <= wanted[0]) & (wanted[0] <= last)
+    assert batch_bytes == index.column("length").to_numpy()[holding].sum() < enc.index_offset / 2
