@@ -3,10 +3,15 @@
 A file is three parts, all little-endian, nothing pickled::
 
     data     an Arrow IPC *stream* (zstd-compressed buffers) of the rows:
-             rows sorted by key group, cut into record batches that hold whole
-             key-group runs (a key group bigger than the batch target gets
-             batches of its own), then the end-of-stream marker
-    index    an Arrow IPC stream of INDEX_SCHEMA: one row per (key group,
+             the schema, the dictionaries of a typed file's dictionary
+             columns (if any, one per column), then the rows sorted by key
+             group, cut into record batches that hold whole key-group runs (a
+             key group bigger than the batch target gets batches of its own),
+             then the end-of-stream marker
+    index    an Arrow IPC stream of BATCH_INDEX_SCHEMA (typed files): one
+             row per batch, its byte range, CRC-32, rows and the range of key
+             groups it holds; or of INDEX_SCHEMA (opaque files, and typed
+             files written before the batch index): one row per (key group,
              batch): the batch's byte range and CRC-32, and the key group's
              row range inside that batch
     trailer  u64 index offset, u64 index length, 8-byte magic
@@ -19,7 +24,11 @@ Two row layouts, told apart by the file's magic and its manifest entry:
   Spark type. Any Arrow reader (pandas, DuckDB, Polars) can read the rows, and
   typed columns compress far better than opaque row bytes. The key group is
   not stored: it is ``pmod(hash, maxParallelism)``, recomputed on read (the
-  index keeps it). A null ``value`` is a delete (only in deltas).
+  index keeps it). A null ``value`` is a delete (only in deltas). A string or
+  binary leaf whose values repeat (at most half as many distinct values as
+  rows) is stored as an Arrow dictionary column (``spark_state.dictionaries``:
+  3-8x fewer bytes for such columns); readers get Spark's plain types back.
+  Files without dictionaries (written before them) read the same way.
 * **format 1, opaque** (CHANGES_SCHEMA): ``kg``, ``hash`` and ``key``/``value``
   as the bytes of Spark's ``UnsafeRow``s. Still read; still written for a store
   whose schema Spark's Arrow conversion cannot map.
@@ -57,6 +66,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_state import dictionaries
 from spark_state.errors import ChecksumMismatch, FormatVersionError
 
 CHANGES_SCHEMA = pa.schema([("kg", pa.int32()), ("hash", pa.int32()), ("key", pa.binary()), ("value", pa.binary())])
@@ -73,6 +83,20 @@ INDEX_SCHEMA = pa.schema([
     ("crc", pa.uint32()),        # CRC-32 of those bytes
     ("row_start", pa.int64()),   # first row of the key group inside the batch
     ("rows", pa.int64()),        # rows of the key group inside the batch
+])
+
+#: The index of typed files: a row per record batch. Batches hold whole key-group runs in key-group order, so a
+#: batch's key groups are the range [first_kg, last_kg]; a subset read takes the batches whose range holds a
+#: wanted group and keeps their rows whose derived key group is wanted. Per-(key group, batch) rows
+#: (INDEX_SCHEMA) cost ~2.5 bytes per row of a delta, where nearly every row has a key group of its own
+#: (100k changed rows, 100,800 key groups): 11% of the file; a row per batch costs nothing.
+BATCH_INDEX_SCHEMA = pa.schema([
+    ("first_kg", pa.int32()),
+    ("last_kg", pa.int32()),
+    ("offset", pa.int64()),
+    ("length", pa.int64()),
+    ("crc", pa.uint32()),
+    ("rows", pa.int64()),
 ])
 
 #: Opaque UnsafeRow bytes (CHANGES_SCHEMA) and typed struct columns (see the module docstring).
@@ -232,7 +256,7 @@ def encode(table: pa.Table, compression_level: int = 3, *, sorted_by_kg: bool = 
 
     options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level))
     sink = pa.BufferOutputStream()
-    stored = table.drop_columns(["kg"]) if typed else table
+    stored = dictionaries.encode(table.drop_columns(["kg"])) if typed else table
     schema = stored.schema if typed else CHANGES_SCHEMA
     with pa.ipc.new_stream(sink, schema, options=options) as writer:
         for start, rows in zip(batch_first.tolist(), batch_rows.tolist()):
@@ -240,24 +264,38 @@ def encode(table: pa.Table, compression_level: int = 3, *, sorted_by_kg: bool = 
             writer.write_table(part if part.schema == schema else part.cast(schema))
     data = sink.getvalue()
 
-    # Byte range of each batch message: walk the stream's message framing (no decoding).
+    # Byte range of each batch message: walk the stream's message framing (no decoding). The head before
+    # the first batch is the schema and the file's dictionaries (one per dictionary column, see
+    # spark_state.dictionaries); a subset read decodes its batches with that head.
     src = pa.BufferReader(data)
     reader = pa.ipc.MessageReader.open_stream(src)
-    bounds = []
+    starts, ends = [], []
     while True:
+        start = src.tell()
         try:
-            reader.read_next_message()
+            message = reader.read_next_message()
         except StopIteration:
             break
-        bounds.append(src.tell())
-    offsets = np.asarray(bounds[:-1], dtype=np.int64)   # first message is the schema
-    lengths = np.diff(np.asarray(bounds, dtype=np.int64))
+        if message.type == "record batch":
+            starts.append(start)
+            ends.append(src.tell())
+        elif starts:
+            raise AssertionError(f"Arrow wrote a {message.type} message between record batches")
+    offsets = np.asarray(starts, dtype=np.int64)
+    lengths = np.asarray(ends, dtype=np.int64) - offsets
     view = memoryview(data)
     crcs = np.fromiter((zlib.crc32(view[o:o + ln]) for o, ln in zip(offsets.tolist(), lengths.tolist())),
                        dtype=np.uint32, count=len(offsets))
 
-    # One index row per (key group, batch) run.
-    if n:
+    if typed:   # one index row per batch
+        last = np.append(batch_first[1:], n)[:len(batch_first)] - 1
+        index = pa.table({
+            "first_kg": pa.array(kg[batch_first], pa.int32()),
+            "last_kg": pa.array(kg[last], pa.int32()),
+            "offset": pa.array(offsets), "length": pa.array(lengths), "crc": pa.array(crcs, pa.uint32()),
+            "rows": pa.array(batch_rows, pa.int64()),
+        }, schema=BATCH_INDEX_SCHEMA)
+    elif n:   # one index row per (key group, batch) run
         entry_first = np.ones(n, dtype=bool)
         entry_first[1:] = (kg[1:] != kg[:-1]) | (batch[1:] != batch[:-1])
         entry_start = np.flatnonzero(entry_first)
@@ -273,7 +311,7 @@ def encode(table: pa.Table, compression_level: int = 3, *, sorted_by_kg: bool = 
     else:
         index = INDEX_SCHEMA.empty_table()
     index_sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(index_sink, INDEX_SCHEMA, options=options) as writer:
+    with pa.ipc.new_stream(index_sink, index.schema, options=options) as writer:
         writer.write_table(index)
     index_bytes = index_sink.getvalue()
     index_offset = data.size
@@ -341,6 +379,7 @@ def _with_kg(table: pa.Table, name: str, max_parallelism: int | None) -> pa.Tabl
     _check_stored_schema(table.schema, name)
     if "kg" in table.column_names:
         return table
+    table = dictionaries.decode(table)
     if max_parallelism is None:
         raise ValueError(f"reading typed state file {name} needs the max parallelism to derive key groups")
     from spark_state.keygroups import key_groups_of
@@ -355,35 +394,52 @@ def decode_index(data, name: str, checksum: str | None) -> pa.Table:
         index = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
     except (pa.ArrowInvalid, pa.ArrowException, OSError) as err:
         raise _corrupt(name, f"has an unreadable key-group index ({err})") from None
-    if index.schema != INDEX_SCHEMA:
+    if index.schema != INDEX_SCHEMA and index.schema != BATCH_INDEX_SCHEMA:
         raise _corrupt(name, "has a key-group index with an unexpected schema")
     return index
 
 
-def _read_schema(fetch: Fetch, name: str, end: int) -> pa.Schema:
-    """The stream's schema: its first message, in bytes [0, end)."""
+def _read_head(fetch: Fetch, name: str, end: int) -> tuple[pa.Schema, bytes]:
+    """The stream's schema and its head, bytes [0, end): the schema message, then any dictionaries."""
     (head,) = fetch([(0, end)])
     try:
         schema = pa.ipc.read_schema(pa.py_buffer(head))
     except (pa.ArrowInvalid, pa.ArrowException, OSError) as err:
         raise _corrupt(name, f"has an unreadable schema ({err})") from None
     _check_stored_schema(schema, name)
-    return schema
+    return schema, bytes(head)
+
+
+#: Arrow IPC's end-of-stream marker (continuation token, zero length).
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def _read_batch(block, schema: pa.Schema, head: bytes | None) -> pa.RecordBatch:
+    """One record batch message; with dictionary columns it is decoded as the stream head + the batch."""
+    if head is None:
+        return pa.ipc.read_record_batch(pa.ipc.read_message(pa.py_buffer(block)), schema)
+    (batch,) = pa.ipc.open_stream(pa.py_buffer(b"".join((head, block, _EOS)))).read_all().to_batches()
+    return batch
 
 
 def read_key_groups(fetch: Fetch, name: str, index_offset: int, index_length: int, index_checksum: str | None,
                     key_groups: np.ndarray, verify: bool = True, *, file_format: int = OPAQUE_FORMAT,
                     max_parallelism: int | None = None) -> pa.Table:
-    """Rows of the given key groups (sorted int32 array), reading only the index and their batches
-    (and, for a typed file, the schema message at its start)."""
+    """Rows of the given key groups (int32 array), in key-group order, reading only the index and their
+    batches (and, for a typed file, the stream's head: its schema and dictionaries)."""
     (index_bytes,) = fetch([(index_offset, index_offset + index_length)])
     index = decode_index(index_bytes, name, index_checksum if verify else None)
-    kg = index.column("kg").to_numpy()
-    pick = np.flatnonzero(np.isin(kg, key_groups))
-    schema = CHANGES_SCHEMA
+    key_groups = np.unique(np.asarray(key_groups, dtype=np.int32))
+    schema, head = CHANGES_SCHEMA, None
     if file_format != OPAQUE_FORMAT:
         all_offsets = index.column("offset").to_numpy()
-        schema = _read_schema(fetch, name, int(all_offsets.min()) if len(all_offsets) else index_offset)
+        schema, head = _read_head(fetch, name, int(all_offsets.min()) if len(all_offsets) else index_offset)
+        if not dictionaries.has_dictionaries(schema):
+            head = None
+    if index.schema == BATCH_INDEX_SCHEMA:
+        return _read_batch_index(fetch, name, index, key_groups, verify, schema, head, max_parallelism)
+    kg = index.column("kg").to_numpy()
+    pick = np.flatnonzero(np.isin(kg, key_groups))
     if len(pick) == 0:
         return _with_kg(schema.empty_table(), name, max_parallelism)
     offsets = index.column("offset").to_numpy()[pick]
@@ -393,8 +449,48 @@ def read_key_groups(fetch: Fetch, name: str, index_offset: int, index_length: in
     rows = index.column("rows").to_numpy()[pick]
 
     block_offsets, first_pick, block_of_pick = np.unique(offsets, return_index=True, return_inverse=True)
-    block_lengths = lengths[first_pick]
-    # Coalesce adjacent batches into one range request each.
+    batches = _fetch_batches(fetch, name, block_offsets, lengths[first_pick], crcs[first_pick], verify, schema,
+                             head)
+    table = pa.Table.from_batches(batches, schema=schema)
+
+    # Global row positions of each picked run, then one vectorised take.
+    batch_base = np.zeros(len(batches) + 1, dtype=np.int64)
+    np.cumsum([b.num_rows for b in batches], out=batch_base[1:])
+    starts = batch_base[block_of_pick] + row_start
+    total = int(rows.sum())
+    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(rows) - rows, rows)
+    take = np.repeat(starts, rows) + within
+    return _with_kg(table.take(pa.array(take)), name, max_parallelism)
+
+
+def _read_batch_index(fetch: Fetch, name: str, index: pa.Table, key_groups: np.ndarray, verify: bool,
+                      schema: pa.Schema, head: bytes | None, max_parallelism: int | None) -> pa.Table:
+    """read_key_groups with a row per batch: the batches whose key-group range holds a wanted group, then
+    their rows whose key group (derived from the hash) is wanted."""
+    first = index.column("first_kg").to_numpy()
+    last = index.column("last_kg").to_numpy()
+    at = np.searchsorted(key_groups, first, side="left")
+    hit = at < len(key_groups)
+    hit[hit] = key_groups[at[hit]] <= last[hit]
+    pick = np.flatnonzero(hit)
+    if len(pick) == 0:
+        return _with_kg(schema.empty_table(), name, max_parallelism)
+    offsets = index.column("offset").to_numpy()[pick]
+    batches = _fetch_batches(fetch, name, offsets, index.column("length").to_numpy()[pick],
+                             index.column("crc").to_numpy()[pick], verify, schema, head)
+    rows = index.column("rows").to_numpy()[pick]
+    for off, batch, expected in zip(offsets.tolist(), batches, rows.tolist()):
+        if batch.num_rows != expected:
+            raise _corrupt(name, f"has a batch at byte {off} with {batch.num_rows} rows, its index says {expected}")
+    table = _with_kg(pa.Table.from_batches(batches, schema=schema), name, max_parallelism)
+    keep = np.isin(table.column("kg").to_numpy(), key_groups)
+    return table if keep.all() else table.filter(pa.array(keep))
+
+
+def _fetch_batches(fetch: Fetch, name: str, block_offsets: np.ndarray, block_lengths: np.ndarray,
+                   crcs: np.ndarray, verify: bool, schema: pa.Schema, head: bytes | None) -> list[pa.RecordBatch]:
+    """The record batches at the given (sorted, distinct) byte ranges, adjacent ones fetched as one range,
+    each checked against its CRC-32."""
     ends = block_offsets + block_lengths
     run_first = np.ones(len(block_offsets), dtype=bool)
     run_first[1:] = block_offsets[1:] != ends[:-1]
@@ -410,19 +506,10 @@ def read_key_groups(fetch: Fetch, name: str, index_offset: int, index_length: in
         block = memoryview(chunks[run])[rel:rel + ln]
         if len(block) != ln:
             raise _corrupt(name, f"is truncated: batch at byte {off} has {len(block)} of {ln} bytes")
-        if verify and zlib.crc32(block) != int(crcs[first_pick[b]]):
+        if verify and zlib.crc32(block) != int(crcs[b]):
             raise _corrupt(name, f"has a batch at byte {off} whose CRC-32 does not match its index")
         try:
-            batches.append(pa.ipc.read_record_batch(pa.ipc.read_message(pa.py_buffer(block)), schema))
+            batches.append(_read_batch(block, schema, head))
         except (pa.ArrowInvalid, pa.ArrowException, OSError) as err:
             raise _corrupt(name, f"has an undecodable batch at byte {off} ({err})") from None
-    table = pa.Table.from_batches(batches, schema=schema)
-
-    # Global row positions of each picked run, then one vectorised take.
-    batch_base = np.zeros(len(batches) + 1, dtype=np.int64)
-    np.cumsum([b.num_rows for b in batches], out=batch_base[1:])
-    starts = batch_base[block_of_pick] + row_start
-    total = int(rows.sum())
-    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(rows) - rows, rows)
-    take = np.repeat(starts, rows) + within
-    return _with_kg(table.take(pa.array(take)), name, max_parallelism)
+    return batches

@@ -75,3 +75,29 @@ def test_read_state_refuses_another_providers_checkpoint(scenario_run):
     twin = scenario_run("agg_update")
     with pytest.raises(CheckpointError, match="not a spark_state checkpoint"):
         spark_state.read_state(str(twin.ref.checkpoint))
+
+
+def test_dictionary_columns_in_the_files_come_back_as_spark_types(spark, make_twin, tmp_path):
+    """Repeated strings are stored as Arrow dictionaries (spark_state.dictionaries); read_state, the restore
+    into the JVM (a restart) and Spark's statestore reader all see plain strings."""
+    from pyspark.sql import functions as F
+
+    from tests.streaming import JsonStream, store_root
+
+    stream = JsonStream(tmp_path / "in", "k string, country string, v long")
+    countries = ["US", "DE", "", "ü"]
+    twin = make_twin(lambda s: stream.read(s).groupBy("k").agg(F.max("country").alias("country"),
+                                                               F.sum("v").alias("sum")), mode="update")
+    stream.add([{"k": f"user-{i:04d}", "country": countries[i % 4], "v": i} for i in range(800)])
+    twin.run()
+    stream.add([{"k": f"user-{i:04d}", "country": countries[(i + 1) % 4], "v": 1} for i in range(0, 800, 2)])
+    twin.run()   # a restart: the state is restored from the files
+    twin.assert_same()
+    files = sorted(store_root(twin.test.checkpoint).rglob("*.arrow"))
+    assert files and any(pa.types.is_dictionary(f.type) for path in files
+                         for f in pa.ipc.open_stream(path.read_bytes()).schema.field("value").type)
+    for batch in twin.test.run_ends:
+        table = spark_state.read_state(str(twin.test.checkpoint), batch=batch)
+        assert [f.type for f in table.schema.field("value").type] == [pa.string(), pa.int64()]
+        assert table.num_rows == 800
+        assert arrow_rows(table) == statestore_rows(spark, twin.test.checkpoint, batch, 0, None)
