@@ -472,7 +472,8 @@ class StoreModel(RuleBasedStateMachine):
         """The worker dies between writing a compacted snapshot and recording it (if it compacts at all)."""
         e = self.holder(e)
         self.arm(self.ex[e], "compaction-after-snapshot", "exit")
-        alive = self.barrier(self.send_maintenance(e))
+        sent = self.send_maintenance(e, may_die=True)
+        alive = sent is not None and self.barrier(sent)
         self.events["crash in compaction" if not alive else "crash in compaction armed, no compaction"] += 1
         self.disarm(self.ex[e])
 
@@ -526,12 +527,24 @@ class StoreModel(RuleBasedStateMachine):
         """e, or the first executor that holds a version (a shim that holds none sends no maintenance)."""
         return e if self.ex[e].held else next(i for i, ex in enumerate(self.ex) if ex.held)
 
-    def send_maintenance(self, e: int) -> int:
-        """Maintenance on (a holder near) e; retention may from now on delete what is below its window."""
+    def send_maintenance(self, e: int, *, may_die: bool = False) -> int | None:
+        """Maintenance on (a holder near) e; retention may from now on delete what is below its window.
+
+        With `may_die` (a compaction crash is armed) the worker may exit before it answers: its
+        background thread can reach the fault point first. Returns None then (the worker is replaced).
+        """
         e = self.holder(e)
         ex = self.ex[e]
         self.raise_floor(ex.held - max(self.keep, 2) + 1)
-        resp, _ = self.call(ex, self.header("maintenance", minVersionsToRetain=self.keep, version=ex.held))
+        header = self.header("maintenance", minVersionsToRetain=self.keep, version=ex.held)
+        if not may_die:
+            resp, _ = self.call(ex, header)
+        else:
+            try:
+                resp, _ = self.connection(ex).request(header)
+            except WorkerGone:
+                self.restart(ex)
+                return None
         assert resp["ok"], resp
         return e
 
