@@ -62,3 +62,41 @@ def test_the_full_upgrade_commit_of_a_typed_partition_over_2_gib_succeeds(tmp_pa
     state = pa.concat_tables([_big_rows(0, 1200), _big_rows(1200, 2300)])   # two record batches, as received
     store.commit(1, state, full=True)
     assert store.load(1).num_rows == 2300
+
+
+# ------------------------------------------------------------------ export of repeated struct field names
+
+FIXTURE = __import__("pathlib").Path(__file__).parent / "fixtures" / "format1" / "agg" / "ckpt-test"
+
+
+def test_export_keeps_the_values_of_repeated_struct_field_names(tmp_path):
+    """Spark names aggregation buffer fields after their function (two sums: sum, sum). export renames them
+    apart (sum, sum_2) with Table.cast, but Arrow casts struct fields by name: sum_2 has no source field and
+    comes out null in the Parquet file (read_state uses a positional cast and keeps them)."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from spark_state.checkpoint import SparkCheckpoint, StoreId
+    from spark_state.lifecycle.export import export
+
+    ckpt_dir = tmp_path / "ckpt"
+    shutil.copytree(FIXTURE, ckpt_dir)
+    ckpt = SparkCheckpoint(str(ckpt_dir))
+    at = ckpt.committed()
+    key = pa.struct([("k", pa.string())])
+    value = pa.struct([("sum", pa.int64()), ("sum", pa.int64()), ("n", pa.int64())])
+    hashes = np.array([7, 9], dtype=np.int32)
+    for sid in ckpt.stores(at):   # each store's state at the batch, re-committed as typed files
+        store = ckpt.store(sid)
+        vals = pa.StructArray.from_arrays([pa.array([1, 2]), pa.array([10, 20]), pa.array([3, 4])],
+                                          fields=list(value))
+        rows = pa.table({"kg": pa.array(key_groups_of(hashes, store.settings.max_parallelism)),
+                         "hash": pa.array(hashes), "key": pa.array([{"k": "a"}, {"k": "b"}], key), "value": vals},
+                        schema=snapshot.typed_schema(key, value))
+        store.commit(at + 1, rows, full=True)
+
+    out = tmp_path / "out"
+    export(str(ckpt_dir), str(out), batch=at)
+    part = pq.read_table(out / "operator=0" / "store=default" / "part-00000.parquet")
+    assert part.column("value").to_pylist() == [{"sum": 1, "sum_2": 10, "n": 3}, {"sum": 2, "sum_2": 20, "n": 4}]
