@@ -131,3 +131,43 @@ def test_a_chain_across_a_renamed_field_inside_an_array_keeps_its_values(tmp_pat
     compacted = store.load(2)
     assert {k["k"]: v for k, v in zip(compacted.column("key").to_pylist(), compacted.column("value").to_pylist())}["a"] \
         == {"n": 1, "events": [{"x": 7, "y": "x"}]}
+
+
+# ------------------------------------------------------------------ a year-month interval in the key
+
+#: What TypedCodec.encode sends for key (id int, k interval year to month), value (v interval year to month,
+#: n long), rows (0, 14 months) and (1, null): Spark maps the interval to Arrow's interval[YEAR_MONTH]
+#: (pyarrow reads it, but has no Python array class for it).
+YEAR_MONTH_CHANGES = (
+    "/////xACAAAQAAAAAAAKAA4ABgANAAgACgAAAAAABAAQAAAAAAEKAAwAAAAIAAQACgAAAAgAAAAIAAAAAAAAAAQAAACYAQAA"
+    "TAEAALAAAAAEAAAAiv7//xQAAAAUAAAAfAAAAAAADQF4AAAAAAAAAAIAAAA8AAAABAAAALL+//8UAAAAFAAAABQAAAAAAAIB"
+    "GAAAAAAAAAAAAAAAoP7//wAAAAFAAAAAAQAAAG4AAADm/v//FAAAABQAAAAUAAAAAAALARAAAAAAAAAAAAAAAEz///8BAAAA"
+    "dgAAAFj///8FAAAAdmFsdWUAEgAYABQAAAATAAwAAAAIAAQAEgAAABQAAAAUAAAAgAAAAAAAAA18AAAAAAAAAAIAAAA0AAAA"
+    "BAAAAFr///8UAAAAFAAAABQAAAAAAAsBEAAAAAAAAAAAAAAAwP///wEAAABrAAAAhv///xQAAAAUAAAAFAAAAAAAAgEYAAAA"
+    "AAAAAAAAAAB0////AAAAASAAAAACAAAAaWQAAAQABAAEAAAAAwAAAGtleQDK////FAAAABQAAAAUAAAAAAACARgAAAAAAAAA"
+    "AAAAALj///8AAAABIAAAAAQAAABoYXNoAAASABgAFAATABIADAAAAAgABAASAAAAFAAAABQAAAAcAAAAAAACASAAAAAAAAAA"
+    "AAAAAAgADAAIAAcACAAAAAAAAAEgAAAAAgAAAGtnAAD/////uAEAABQAAAAAAAAADAAWAA4AFQAQAAQADAAAAHgAAAAAAAAA"
+    "AAAEABAAAAAAAwoAGAAMAAgABAAKAAAAFAAAAPgAAAACAAAAAAAAAAAAAAAOAAAAAAAAAAAAAAABAAAAAAAAAAgAAAAAAAAA"
+    "CAAAAAAAAAAQAAAAAAAAAAEAAAAAAAAAGAAAAAAAAAAIAAAAAAAAACAAAAAAAAAAAQAAAAAAAAAoAAAAAAAAAAEAAAAAAAAA"
+    "MAAAAAAAAAAIAAAAAAAAADgAAAAAAAAAAQAAAAAAAABAAAAAAAAAAAgAAAAAAAAASAAAAAAAAAABAAAAAAAAAFAAAAAAAAAA"
+    "AQAAAAAAAABYAAAAAAAAAAgAAAAAAAAAYAAAAAAAAAABAAAAAAAAAGgAAAAAAAAAEAAAAAAAAAAAAAAACAAAAAIAAAAAAAAA"
+    "AAAAAAAAAAACAAAAAAAAAAAAAAAAAAAAAgAAAAAAAAAAAAAAAAAAAAIAAAAAAAAAAAAAAAAAAAACAAAAAAAAAAEAAAAAAAAA"
+    "AgAAAAAAAAAAAAAAAAAAAAIAAAAAAAAAAQAAAAAAAAACAAAAAAAAAAAAAAAAAAAAAwAAAAAAAAANAAAAAwAAAAMAAAAAAAAA"
+    "jRzpQON4pd4DAAAAAAAAAAMAAAAAAAAAAAAAAAEAAAABAAAAAAAAAA4AAAAAAAAAAwAAAAAAAAABAAAAAAAAAA4AAAAAAAAA"
+    "AwAAAAAAAAAAAAAAAAAAAAEAAAAAAAAA/////wAAAAA="
+)
+
+
+def test_a_chain_keyed_by_a_year_month_interval_merges():
+    """A key with a YearMonthIntervalType field (groupBy an ANSI interval) is typed (Spark's Arrow conversion
+    maps it), a snapshot and deltas are written, but merging them fails: rowkeys.key_codes takes the key
+    struct apart with StructArray.field/flatten, which raise KeyError for interval[YEAR_MONTH]. Every load of
+    a version with deltas (a task retry, a new executor) and every compaction fail: the state is unreadable."""
+    import base64
+
+    from spark_state.state import merge_chain
+
+    changes = pa.ipc.open_stream(pa.py_buffer(base64.b64decode("".join(YEAR_MONTH_CHANGES)))).read_all()
+    assert snapshot.is_typed(changes) and changes.num_rows == 2
+    merged = merge_chain([changes, changes])   # a snapshot and a delta that rewrites both keys
+    assert merged.num_rows == 2
