@@ -18,6 +18,26 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 
+#: Arrow's INTERVAL_MONTHS type id (Spark's year-month interval): pyarrow has no Python array class for it,
+#: so a struct holding one cannot be taken apart; its layout is an int32 per row.
+_MONTH_INTERVAL = 21
+
+
+def _viewable(t: pa.DataType) -> pa.DataType:
+    """``t`` with every month interval relabelled int32 (same bytes), so the leaves can be walked."""
+    if t.id == _MONTH_INTERVAL:
+        return pa.int32()
+    if pa.types.is_struct(t):
+        return pa.struct([t.field(i).with_type(_viewable(t.field(i).type)) for i in range(t.num_fields)])
+    if pa.types.is_map(t):
+        return pa.map_(_viewable(t.key_type), _viewable(t.item_type))
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(_viewable(t.value_type)))
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_viewable(t.value_type)))
+    return t
+
+
 def _leaves(array: pa.Array):
     """Leaf arrays of a (nested) struct array, with each struct level's validity as a leaf of its own."""
     if pa.types.is_struct(array.type):
@@ -41,6 +61,9 @@ def key_codes(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """An int64 per row; equal keys (every leaf equal, nulls included) get equal codes."""
     if isinstance(keys, pa.ChunkedArray):
         keys = keys.combine_chunks() if keys.num_chunks != 1 else keys.chunk(0)
+    viewable = _viewable(keys.type)
+    if viewable != keys.type:
+        keys = keys.view(viewable)
     codes = np.zeros(len(keys), dtype=np.int64)
     for leaf in _leaves(keys):
         leaf_codes = _leaf_codes(leaf)

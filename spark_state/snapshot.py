@@ -193,6 +193,56 @@ def narrow(table: pa.Table) -> pa.Table:
     return table
 
 
+def _wide_type(t: pa.DataType) -> pa.DataType:
+    """``t`` with 64-bit offsets for its strings and binaries (inside structs too)."""
+    if pa.types.is_struct(t):
+        return pa.struct([t.field(i).with_type(_wide_type(t.field(i).type)) for i in range(t.num_fields)])
+    if pa.types.is_string(t):
+        return pa.large_string()
+    if pa.types.is_binary(t):
+        return pa.large_binary()
+    return t
+
+
+def _retyped_array(array: pa.Array, target: pa.DataType) -> pa.Array:
+    if array.type == target:
+        return array
+    if pa.types.is_struct(target):   # by position: Spark may give two fields one name (sum, sum)
+        flat = array.flatten()   # slice-aware (StructArray.field is not)
+        children = [_retyped_array(flat[i], target.field(i).type) for i in range(target.num_fields)]
+        return pa.StructArray.from_arrays(children, fields=list(target), mask=array.is_null())
+    if pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type):
+        array = pa.concat_arrays([array])   # a slice of a big array: Arrow's cast checks the whole buffer
+    return array.cast(target)
+
+
+def retyped(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Typed rows with `schema`'s offset widths (string vs large_string), struct fields matched by position."""
+    columns = [table.column(f.name) for f in schema]
+    return pa.Table.from_arrays([c if c.type == f.type else
+                                 pa.chunked_array([_retyped_array(x, f.type) for x in c.chunks], f.type)
+                                 for c, f in zip(columns, schema)], schema=schema)
+
+
+def needs_wide(tables: list[pa.Table]) -> bool:
+    """Whether concatenating these tables' keys and values could overflow 32-bit offsets."""
+    return sum(_payload_bytes(t) for t in tables) >= _WIDEN_AT
+
+
+def widen_typed(table: pa.Table) -> pa.Table:
+    """Typed rows with 64-bit string/binary offsets (what a partition over 2 GiB is merged as)."""
+    return retyped(table, pa.schema([f.with_type(_wide_type(f.type)) for f in table.schema]))
+
+
+def narrow_typed(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Typed rows back to `schema`'s 32-bit offsets, in chunks of ~1 GiB (a chunk must stay under 2 GiB)."""
+    if table.schema == schema:
+        return table
+    per_chunk = max(1, table.num_rows * (1 << 30) // max(1, _payload_bytes(table)))
+    pieces = [retyped(table.slice(start, per_chunk), schema) for start in range(0, table.num_rows, per_chunk)]
+    return pa.concat_tables(pieces) if pieces else retyped(table, schema)
+
+
 def binary_batches(table: pa.Table, max_rows: int = 65536):
     """Record batches of CHANGES_SCHEMA (what the JVM shim reads), whatever the table's offsets."""
     for batch in table.to_batches(max_chunksize=max_rows):
@@ -231,8 +281,12 @@ def encode(table: pa.Table, compression_level: int = 3, *, sorted_by_kg: bool = 
     they are. Typed rows are stored without ``kg`` (see the module docstring)."""
     table = conform(table)
     typed = is_typed(table)
-    if not typed and _payload_bytes(table) >= _WIDEN_AT:
-        table = widen(table)   # sorting concatenates; binary offsets would overflow past 2 GiB
+    wide = _payload_bytes(table) >= _WIDEN_AT   # sorting concatenates; 32-bit offsets would overflow past 2 GiB
+    if wide and not typed:
+        table = widen(table)
+    if wide and typed:   # 64-bit offsets while sorting; each batch is written with the table's own types
+        narrow_schema = table.schema.remove(table.schema.get_field_index("kg"))
+        table = widen_typed(table)
     table = table.combine_chunks()
     if not sorted_by_kg and table.num_rows > 1:
         kg = table.column("kg").to_numpy()
@@ -256,12 +310,19 @@ def encode(table: pa.Table, compression_level: int = 3, *, sorted_by_kg: bool = 
 
     options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level))
     sink = pa.BufferOutputStream()
-    stored = dictionaries.encode(table.drop_columns(["kg"])) if typed else table
-    schema = stored.schema if typed else CHANGES_SCHEMA
+    if typed and wide:   # no dictionaries for a partition this big: each batch narrows back on its own
+        stored, schema = table.drop_columns(["kg"]), narrow_schema
+    elif typed:
+        stored = dictionaries.encode(table.drop_columns(["kg"]))
+        schema = stored.schema
+    else:
+        stored, schema = table, CHANGES_SCHEMA
     with pa.ipc.new_stream(sink, schema, options=options) as writer:
         for start, rows in zip(batch_first.tolist(), batch_rows.tolist()):
             part = stored.slice(start, rows)
-            writer.write_table(part if part.schema == schema else part.cast(schema))
+            if part.schema != schema:
+                part = retyped(part, schema) if typed else part.cast(schema)
+            writer.write_table(part)
     data = sink.getvalue()
 
     # Byte range of each batch message: walk the stream's message framing (no decoding). The head before

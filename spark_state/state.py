@@ -164,11 +164,30 @@ def _align(tables: list[pa.Table]) -> list[pa.Table]:
     return [t if t.schema == target else _cast_positional(t, target) for t in tables]
 
 
+def _shape(t: pa.DataType) -> pa.DataType:
+    """``t`` without its field names and nullability, which do not change Arrow's layout."""
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f"f{i}", _shape(t.field(i).type)) for i in range(t.num_fields)])
+    if pa.types.is_map(t):
+        return pa.map_(_shape(t.key_type), _shape(t.item_type))
+    if pa.types.is_large_list(t):
+        return pa.large_list(_shape(t.value_type))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(_shape(t.value_type), t.list_size)
+    if pa.types.is_list(t):
+        return pa.list_(_shape(t.value_type))
+    return t
+
+
 def _cast_positional(table: pa.Table, target: pa.Schema) -> pa.Table:
     columns = []
     for field in target:
         column = table.column(field.name)
-        if pa.types.is_struct(field.type) and column.type != field.type:
+        if column.type != field.type and _shape(column.type) == _shape(field.type):
+            # Only names or nullability differ, at any depth: relabel the same buffers. (Arrow's cast matches
+            # struct fields by name, also below lists and maps, and would null renamed fields.)
+            column = pa.chunked_array([chunk.view(field.type) for chunk in column.chunks], field.type)
+        elif pa.types.is_struct(field.type) and column.type != field.type:
             column = pa.chunked_array([_struct_as(chunk, field.type) for chunk in column.chunks], field.type)
         columns.append(column.cast(field.type) if column.type != field.type else column)
     return pa.Table.from_arrays(columns, schema=target)
@@ -186,13 +205,16 @@ def _struct_as(array: pa.StructArray, target: pa.StructType) -> pa.StructArray:
     return pa.StructArray.from_arrays(children, fields=list(target), mask=array.is_null())
 
 
-def _merge_typed(tables: list[pa.Table], ordered: bool) -> pa.Table:
+def _merge_typed(tables: list[pa.Table], ordered: bool, *, wide: bool = False) -> pa.Table:
     """merge_chain for struct keys: deltas folded by key codes; base rows are candidates only when a delta
     has their hash (an int32 lookup), and only candidates are compared by key."""
     schema_of = tables[-1]
     tables = [t for t in tables if t.num_rows]
     if not tables:
         return snapshot.empty_table(schema_of)
+    if not wide and snapshot.needs_wide(tables):   # take concatenates: 32-bit offsets would overflow past 2 GiB
+        merged = _merge_typed([snapshot.widen_typed(t) for t in tables], ordered, wide=True)
+        return snapshot.narrow_typed(merged, schema_of.schema)
     base, deltas = tables[0], tables[1:]
     if deltas:
         newer = deltas[0] if len(deltas) == 1 else last_per_key(pa.concat_tables(deltas))

@@ -1,4 +1,4 @@
-"""Review of file format 2 (typed state files): reproductions of defects found in review."""
+"""Typed state files (format 2) at their edges: partitions past 2 GiB, renamed fields below lists, interval keys, repeated field names, variants."""
 
 from __future__ import annotations
 
