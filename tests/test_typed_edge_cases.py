@@ -42,9 +42,8 @@ def _big_rows(lo: int, hi: int) -> pa.Table:
 
 @pytest.mark.slow
 def test_a_typed_partition_over_2_gib_compacts(tmp_path):
-    """Format 1 merges and writes past 32-bit offsets (test_consistency's 'Defect 4'); typed files must too:
-    here compaction of a typed chain holding 2.3 GiB of string values fails (ArrowInvalid: offset overflow in
-    snapshot.encode's combine_chunks) on every maintenance run, so the chain is never compacted again."""
+    """Format 1 merges and writes past 32-bit offsets (test_consistency's 'Defect 4'); typed files must too, or
+    compaction of a typed chain holding 2.3 GiB of string values fails on every maintenance run."""
     store = _store(tmp_path, snapshot_interval=1, compression_level=1)
     c1 = store.commit(1, _big_rows(0, 1200))
     store.commit(2, _big_rows(1200, 2300), base_commit_id=c1.commit_id)
@@ -56,8 +55,8 @@ def test_a_typed_partition_over_2_gib_compacts(tmp_path):
 @pytest.mark.slow
 def test_the_full_upgrade_commit_of_a_typed_partition_over_2_gib_succeeds(tmp_path):
     """The upgrade from a format-1 chain ships a partition's whole state once (commit full=True), as many
-    record batches (the shim cuts 256 MiB batches): over 2 GiB of string values the commit fails in
-    snapshot.encode (offset overflow), on every retry, so the query cannot get past its first batch."""
+    record batches: past 2 GiB of string values the commit must not overflow 32-bit offsets, or it fails on
+    every retry and the query cannot get past its first batch."""
     store = _store(tmp_path)
     state = pa.concat_tables([_big_rows(0, 1200), _big_rows(1200, 2300)])   # two record batches, as received
     store.commit(1, state, full=True)
@@ -71,8 +70,7 @@ FIXTURE = __import__("pathlib").Path(__file__).parent / "fixtures" / "format1" /
 
 def test_export_keeps_the_values_of_repeated_struct_field_names(tmp_path):
     """Spark names aggregation buffer fields after their function (two sums: sum, sum). export renames them
-    apart (sum, sum_2) with Table.cast, but Arrow casts struct fields by name: sum_2 has no source field and
-    comes out null in the Parquet file (read_state uses a positional cast and keeps them)."""
+    apart (sum, sum_2) by position, as read_state does: a cast by name would null sum_2 in the Parquet file."""
     import shutil
 
     import pyarrow.parquet as pq
@@ -106,10 +104,9 @@ def test_export_keeps_the_values_of_repeated_struct_field_names(tmp_path):
 
 def test_a_chain_across_a_renamed_field_inside_an_array_keeps_its_values(tmp_path):
     """Spark's state schema check ignores field names at every depth (equalsIgnoreNameAndCompatibleNullability),
-    so a restarted query may name a struct inside an array differently. merge_chain aligns older files to the
-    newest file's schema by position, except below a list or map, where it uses Arrow's cast, which matches
-    struct fields by name: the older rows' array elements come back as all-null structs, and compaction
-    writes that loss into the snapshot."""
+    so a restarted query may name a struct inside an array differently. A chain is aligned to its newest file's
+    schema by position at every depth; Arrow's cast matches struct fields by name below lists and maps, and
+    would bring the older rows' elements back as all-null structs (and compaction would keep that loss)."""
     key = pa.struct([("k", pa.string())])
     old_value = pa.struct([("n", pa.int64()), ("events", pa.list_(pa.struct([("a", pa.int64()), ("b", pa.string())])))])
     new_value = pa.struct([("n", pa.int64()), ("events", pa.list_(pa.struct([("x", pa.int64()), ("y", pa.string())])))])
@@ -160,9 +157,9 @@ YEAR_MONTH_CHANGES = (
 
 def test_a_chain_keyed_by_a_year_month_interval_merges():
     """A key with a YearMonthIntervalType field (groupBy an ANSI interval) is typed (Spark's Arrow conversion
-    maps it), a snapshot and deltas are written, but merging them fails: rowkeys.key_codes takes the key
-    struct apart with StructArray.field/flatten, which raise KeyError for interval[YEAR_MONTH]. Every load of
-    a version with deltas (a task retry, a new executor) and every compaction fail: the state is unreadable."""
+    maps it to interval[YEAR_MONTH]), and pyarrow has no Python array class for that type: key equality views it
+    as int32 to take the key apart. Without that, every load of a version with deltas and every compaction
+    failed (KeyError), though the data was on disk."""
     import base64
 
     from spark_state.state import merge_chain
