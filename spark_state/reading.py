@@ -46,10 +46,11 @@ def read_state(checkpoint_location: str, operator: int = 0, store_name: str | No
         state = ckpt.store(sid).load(at + 1)
         if not is_typed(state):
             raise CheckpointError(
-                f"{sid} of {ckpt.url} at batch {at} is stored in file format 1 (opaque UnsafeRow bytes, written "
-                f"by spark_state before 0.2 or for a schema Spark's Arrow conversion cannot map): it cannot be read "
-                f"without Spark. Run the query for one more batch with this spark_state (its first commit rewrites "
-                f"each store as typed files), or read it with spark.read.format('statestore').")
+                f"{sid} of {ckpt.url} at batch {at} is stored in file format 1 (opaque UnsafeRow bytes): it cannot "
+                f"be read without Spark. If spark_state before 0.2 wrote it, run the query for one more batch with "
+                f"this spark_state (its first commit rewrites each store as typed files); if its state schema holds "
+                f"a type Spark's Arrow conversion cannot map (the executor log says so), it stays in format 1. "
+                f"Either way spark.read.format('statestore') reads it.")
         tables.append(pa.table({"partition": pa.array([p] * state.num_rows, pa.int32()),
                                 "key": state.column("key"), "value": state.column("value")}))
     if not tables:
