@@ -61,3 +61,39 @@ def test_format1_checkpoint_restarts_with_hdfs_output_and_becomes_typed(spark, t
         expected = _statestore(spark, twin.test.checkpoint, batch)
         assert expected == _statestore(spark, twin.ref.checkpoint, batch)
         assert arrow_rows(spark_state.read_state(str(twin.test.checkpoint), batch=batch)) == expected
+
+
+def test_an_executor_writing_format_1_on_typed_state_ships_it_whole_once(spark, tested, tmp_path):
+    """Executors may disagree on the format (an executor started with -Dspark_state.opaqueRows=true, or a
+    schema one Spark version maps and another does not): a provider without the typed codec, on a typed
+    version, ships its whole map once as an opaque snapshot; the output stays the HDFS provider's."""
+    if tested != "spark_state":
+        pytest.skip("the fixture is a spark_state checkpoint")
+    query = QUERIES["agg"]
+    work = tmp_path / "agg"
+    shutil.copytree(FIXTURE / "agg", work)
+    for log in work.glob("ckpt-*/sources/0/*"):
+        log.write_text(log.read_text().replace("file:///format1-fixture/agg/input/", f"file://{work}/input/"))
+    events = JsonStream(work / "input", query.schema)
+    events.files = len(query.phases[0])
+    twin = Twin(spark, work, query.builder(events), mode=query.mode, conf=query.conf)
+    for rows in query.phases[1]:
+        events.add(rows)
+    twin.run()   # typed from here on
+    typed_at = twin.test.last_batch()
+    assert all(f.typed for chain in _chains(twin.test.checkpoint, typed_at) for f in chain)
+
+    system = spark._jvm.java.lang.System
+    system.setProperty("spark_state.opaqueRows", "true")   # local[2]: the executors are this JVM
+    try:
+        for rows in query.phases[1]:
+            events.add(rows)
+        twin.run()
+    finally:
+        system.clearProperty("spark_state.opaqueRows")
+    twin.assert_same()
+    last = twin.test.last_batch()
+    assert last > typed_at
+    for chain in _chains(twin.test.checkpoint, typed_at + 1):
+        assert chain[0].kind == SNAPSHOT and not any(f.typed for f in chain)
+    assert _statestore(spark, twin.test.checkpoint, last) == _statestore(spark, twin.ref.checkpoint, last)

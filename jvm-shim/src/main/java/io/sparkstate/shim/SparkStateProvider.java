@@ -355,11 +355,13 @@ public class SparkStateProvider implements StateStoreProvider {
    */
   JsonNode commitChanges(StateMap map, long newVersion, Map<UnsafeRow, UnsafeRow> changes) {
     ArrowCodec.Body body;
-    // A map loaded from opaque files becomes typed by shipping it whole once (the map already holds the changes).
-    boolean full = typed != null && map.opaque;
+    // A map whose files are in the other format than this provider writes (opaque files and a typed codec, or
+    // typed files and no codec: executors that disagree) changes format by shipping it whole once (the map
+    // already holds the changes).
+    boolean full = (typed != null) == map.opaque;
     try {
       if (typed == null) {
-        body = ArrowCodec.encodeChanges(changes, hasher);
+        body = ArrowCodec.encodeChanges(full ? map.rows : changes, hasher);
       } else if (full) {
         body = typed.encode(map.rows.entrySet().iterator(), map.size(), hasher);
       } else {
@@ -384,7 +386,7 @@ public class SparkStateProvider implements StateStoreProvider {
   synchronized void committed(SparkStateStore store, long newVersion, String commitId, long changes) {
     store.map().version = newVersion;
     store.map().commitId = commitId;
-    store.map().opaque &= typed == null;
+    store.map().opaque = typed == null;
     heldVersion = newVersion;
     lastChanges = changes;
     if (open == store) {
