@@ -16,7 +16,7 @@ import scala.Tuple2;
 /**
  * Starts the executor's state worker when the executor starts ({@code spark.plugins}), in the
  * background, so the first task that opens a state store does not wait for Python and pyarrow to
- * start. Without it the worker starts at the first store, inside that task. Turned off with
+ * start; then loads the JVM classes of the Arrow conversion ({@link TypedCodec#warmUp}). Without it the worker starts at the first store, inside that task. Turned off with
  * {@code spark.sql.streaming.stateStore.sparkState.prestartWorker=false}.
  */
 public class SparkStatePlugin implements SparkPlugin {
@@ -43,6 +43,12 @@ public class SparkStatePlugin implements SparkPlugin {
           } catch (RuntimeException e) {
             // Not fatal: the first state store starts the worker (and reports the failure) as without the plugin.
             LOG.warn("spark_state: could not start the state worker ahead of the first task: {}", e.toString());
+          }
+          try {
+            TypedCodec.warmUp();
+          } catch (Exception | LinkageError e) {
+            LOG.info("spark_state: warming up the Arrow conversion failed (the first store pays for it): {}",
+                e.toString());
           }
         }, "spark-state-worker-prestart");
         t.setDaemon(true);
