@@ -68,9 +68,11 @@ def _session(provider, *, partitions: int, driver_memory: str):
                .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={HERE / 'jvm' / 'log4j2.properties'}"))
     if provider.spark_state:
         import spark_state
-        from benchmarks.providers import BENCH_MEMORY_MAX_STATE_SIZE
+        from benchmarks.providers import BENCH_MEMORY_MAX_STATE_SIZE, SS
 
         kwargs = {"storage": provider.storage, "python": sys.executable}
+        if provider.confs.get(SS + "prestartWorker") == "false":
+            kwargs["prestart_worker"] = False
         if provider.storage == "memory":
             kwargs["memory_max_state_size"] = BENCH_MEMORY_MAX_STATE_SIZE
         builder = spark_state.configure(builder, **kwargs)
@@ -158,6 +160,7 @@ def summarize(result: dict) -> dict:
         "rows_per_s_all": (sum(b["rows"] for b in batches) / (sum(b["trigger_ms"] for b in batches) / 1000)
                            if batches else None),
         "batch_ms": trig / len(steady) if steady else None,
+        "first_batch_ms": batches[0]["trigger_ms"] if batches else None,
         "commit_ms_per_batch": commit / len(steady) if steady else None,
         "commit_share": commit / trig if trig else None,
         "commit_share_of_add_batch": commit / add if add else None,

@@ -224,6 +224,9 @@ class Runner:
         self.record(scen, "rows_per_s", f"rows/s, batches 2..{spec['files']}", "rows/s", "higher", n, pr,
                     s["rows_per_s"])
         self.record(scen, "batch_ms", "batch time (triggerExecution), mean", "ms", "lower", n, pr, s["batch_ms"])
+        if s.get("first_batch_ms") is not None:
+            self.record(scen, "first_batch_ms", "first batch of a new application (triggerExecution)", "ms", "lower",
+                        n, pr, s["first_batch_ms"])
         self.record(scen, "commit_ms_per_batch", "state commit per batch (sum over tasks)", "ms", "lower", n, pr,
                     s["commit_ms_per_batch"])
         self.record(scen, "commit_share", "commit share of batch time", "%", "lower", n, pr, s["commit_share"])
@@ -340,7 +343,7 @@ def main(argv=None) -> int:
         wanted = set(args.providers.split(","))
         providers = [p for p in providers if p.name in wanted]
     else:   # file format 1 is compared in benchmarks.typed_files, not in every run
-        providers = [p for p in providers if p.name != "spark_state_fs_f1"]
+        providers = [p for p in providers if p.name not in ("spark_state_fs_f1", "spark_state_fs_cold")]
     runner = Runner(args, profile, providers, shim_jar, console)
     runner.started = datetime.now().isoformat(timespec="seconds")
     runner.skipped.extend(skipped)

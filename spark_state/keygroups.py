@@ -85,6 +85,21 @@ def _int64(hashes) -> np.ndarray:
     return np.asarray(hashes, dtype=np.int64)
 
 
+def key_group_order(kg) -> np.ndarray:
+    """The stable order of rows by key group: ``np.argsort(kg, kind="stable")``, ~6x faster.
+
+    Key groups are non-negative int32, so each row's (key group, row number) fits one unsigned 64-bit
+    integer; those are unique, so numpy's (SIMD) unstable sort of them yields the stable order.
+    """
+    kg = np.asarray(kg)
+    if len(kg) and kg.min() < 0:   # not a key group (pmod is never negative): keep argsort's meaning
+        return np.argsort(kg, kind="stable")
+    packed = kg.astype(np.uint64) << np.uint64(32)
+    packed |= np.arange(len(kg), dtype=np.uint64)
+    packed.sort()
+    return (packed & np.uint64(0xFFFFFFFF)).astype(np.intp)
+
+
 def key_groups_of(hashes, max_parallelism: int) -> np.ndarray:
     """Vectorised pmod(h, M) for a column of hashes, as int32 (np.mod follows the divisor's sign)."""
     return np.mod(_int64(hashes), max_parallelism).astype(np.int32)

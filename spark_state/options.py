@@ -120,6 +120,7 @@ class Settings:
     file_grace_period: float = 300.0
     fsync: bool = True
     savepoint_dir: str | None = None
+    prestart_worker: bool = True
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> "Settings":
@@ -166,6 +167,7 @@ _SPECS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "fileGracePeriod": ("file_grace_period", _duration),
     "fsync": ("fsync", _bool),
     "savepointDir": ("savepoint_dir", _url),
+    "prestartWorker": ("prestart_worker", _bool),
 }
 
 #: Short option name -> one-line description, for the README and conf/.
@@ -183,6 +185,8 @@ DESCRIPTIONS = {
                         "deleting it (e.g. 0, 30s, 5m). Default 5m."),
     "fsync": "fsync state files, manifests and their directories on local disks before a commit returns. Default true.",
     "savepointDir": "Where spark_state.savepoint() and 'spark-state savepoint' put savepoints by default. Default: none.",
+    "prestartWorker": ("Start each executor's worker when the executor starts (the spark.plugins entry configure() "
+                       "adds), off the first task's path; false: the first state store starts it. Default true."),
 }
 
 assert set(DESCRIPTIONS) == set(_SPECS)

@@ -49,12 +49,29 @@ def _leaves(array: pa.Array):
         yield array
 
 
-def _leaf_codes(leaf: pa.Array) -> np.ndarray:
+def _dictionary_codes(leaf: pa.Array) -> tuple[np.ndarray, int]:
     try:
         encoded = pc.dictionary_encode(leaf, null_encoding="encode")
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
         encoded = pc.dictionary_encode(pa.array([repr(v) for v in leaf.to_pylist()], pa.string()))
-    return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64), max(len(encoded.dictionary), 1)
+
+
+def _leaf_codes(leaf: pa.Array) -> tuple[np.ndarray, int]:
+    """Codes of a leaf (equal values, equal codes; nulls one value of their own) and their bound (codes < bound).
+
+    Integers without nulls spanning less than 2^40 are their own codes (offset by the minimum): no hash
+    table is built for the common key of one long or int column."""
+    if pa.types.is_integer(leaf.type) and leaf.null_count == 0 and len(leaf):
+        values = leaf.to_numpy(zero_copy_only=False).astype(np.int64)   # uint64 wraps: still one-to-one
+        lo, hi = int(values.min()), int(values.max())
+        if hi - lo < _WIDE:
+            return values - lo, hi - lo + 1
+    return _dictionary_codes(leaf)
+
+
+_WIDE = 1 << 40
+_LIMIT = 1 << 62
 
 
 def key_codes(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -65,12 +82,16 @@ def key_codes(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
     if viewable != keys.type:
         keys = keys.view(viewable)
     codes = np.zeros(len(keys), dtype=np.int64)
+    bound = 1
     for leaf in _leaves(keys):
-        leaf_codes = _leaf_codes(leaf)
-        width = int(leaf_codes.max()) + 1 if len(leaf_codes) else 1
-        codes = codes * width + leaf_codes
-        if codes.max(initial=0) > (1 << 40):   # renumber densely before the next leaf could overflow
+        leaf_codes, width = _leaf_codes(leaf)
+        if bound * width >= _LIMIT:   # renumber densely so the combination cannot overflow
             codes = np.unique(codes, return_inverse=True)[1].astype(np.int64)
+            bound = int(codes.max(initial=0)) + 1
+            if bound * width >= _LIMIT:
+                leaf_codes, width = _dictionary_codes(leaf)
+        codes = codes * width + leaf_codes
+        bound *= width
     return codes
 
 
@@ -79,6 +100,7 @@ def last_per_key(table: pa.Table) -> pa.Table:
     if table.num_rows <= 1:
         return table
     codes = key_codes(table.column("key"))
-    reversed_first = np.unique(codes[::-1], return_index=True)[1]
-    last = np.sort(len(codes) - 1 - reversed_first)
+    positions = (pa.table({"code": codes, "position": np.arange(len(codes), dtype=np.int64)})
+                 .group_by("code", use_threads=False).aggregate([("position", "max")]))   # a hash, no sort
+    last = np.sort(positions.column("position_max").to_numpy())
     return table if len(last) == table.num_rows else table.take(pa.array(last))

@@ -68,6 +68,7 @@ import pyarrow.compute as pc
 
 from spark_state import dictionaries
 from spark_state.errors import ChecksumMismatch, FormatVersionError
+from spark_state.keygroups import key_group_order
 
 CHANGES_SCHEMA = pa.schema([("kg", pa.int32()), ("hash", pa.int32()), ("key", pa.binary()), ("value", pa.binary())])
 #: The same rows with 64-bit offsets: what a partition holding more than 2 GiB of keys and values is merged as.
@@ -290,8 +291,8 @@ def encode(table: pa.Table, compression_level: int = 3, *, sorted_by_kg: bool = 
     table = table.combine_chunks()
     if not sorted_by_kg and table.num_rows > 1:
         kg = table.column("kg").to_numpy()
-        if np.any(kg[1:] < kg[:-1]):   # numpy's stable argsort on int32 is ~2x Arrow's sort_by here
-            table = table.take(np.argsort(kg, kind="stable"))
+        if np.any(kg[1:] < kg[:-1]):
+            table = table.take(key_group_order(kg))
     n = table.num_rows
     kg = table.column("kg").to_numpy()
     if n:

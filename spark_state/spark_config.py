@@ -10,6 +10,9 @@ from spark_state.options import PREFIX, Settings
 
 _PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
 _LISTENERS_KEY = "spark.sql.streaming.streamingQueryListeners"
+_PLUGINS_KEY = "spark.plugins"
+#: Executor plugin that starts each executor's worker when the executor starts (option prestartWorker).
+WORKER_PLUGIN = "io.sparkstate.shim.SparkStatePlugin"
 #: Driver-side listener that logs a warning when stores report failing background maintenance.
 MAINTENANCE_LISTENER = "io.sparkstate.shim.MaintenanceWarnings"
 
@@ -27,6 +30,7 @@ KEYWORDS = {
     "file_grace_period": "fileGracePeriod",
     "fsync": "fsync",
     "savepoint_dir": "savepointDir",
+    "prestart_worker": "prestartWorker",
 }
 
 
@@ -52,6 +56,8 @@ def spark_conf(**options: Any) -> dict[str, str]:
     conf = option_conf(**options)
     conf[_PROVIDER_KEY] = PROVIDER_CLASS
     conf[_LISTENERS_KEY] = MAINTENANCE_LISTENER
+    if Settings.from_conf(conf).prestart_worker:
+        conf[_PLUGINS_KEY] = WORKER_PLUGIN
     conf["spark.jars"] = str(shim_jar())
     return conf
 
@@ -70,7 +76,13 @@ def configure(builder, **options: Any):
     """
     conf = spark_conf(**options)
     jar = conf["spark.jars"]
-    for key in ("spark.jars", _LISTENERS_KEY):   # lists: keep what the builder already has
+    if _PLUGINS_KEY in conf and _jvm_running():
+        # A JVM started without the jar cannot load the plugin class when its next SparkContext starts;
+        # the first state store starts the worker instead.
+        del conf[_PLUGINS_KEY]
+    for key in ("spark.jars", _LISTENERS_KEY, _PLUGINS_KEY):   # lists: keep what the builder already has
+        if key not in conf:
+            continue
         existing = builder._options.get(key) if hasattr(builder, "_options") else None
         value = conf.pop(key)
         if existing and value not in existing.split(","):
@@ -88,6 +100,13 @@ def configure(builder, **options: Any):
     get_or_create_with_shim.__doc__ = get_or_create.__doc__
     builder.getOrCreate = get_or_create_with_shim
     return builder
+
+
+def _jvm_running() -> bool:
+    """Whether this Python process already started a Spark JVM (whose classpath lacks a jar added now)."""
+    module = sys.modules.get("pyspark")
+    context = getattr(module, "SparkContext", None) if module else None
+    return getattr(context, "_jvm", None) is not None
 
 
 def ensure_driver_classpath(session, jar: str) -> None:

@@ -49,8 +49,8 @@ from spark_state.errors import (ProtocolError, SparkStateError, StaleState, Stat
                                 VersionNotFound)
 from spark_state.faults import fault
 from spark_state.keygroups import (
-    as_key_group_array, check_max_parallelism, check_same_max_parallelism, filter_residue, key_groups_of,
-    slice_key_groups,
+    as_key_group_array, check_max_parallelism, check_same_max_parallelism, filter_residue, key_group_order,
+    key_groups_of, slice_key_groups,
 )
 from spark_state.manifest import DELTA, SNAPSHOT, CompactionRecord, FileEntry, Manifest
 from spark_state.options import PREFIX, Settings
@@ -152,7 +152,7 @@ def merge_chain(tables: list[pa.Table], *, ordered: bool = True) -> pa.Table:
         merged = base
     merged = merged.filter(merged.column("value").is_valid())
     if ordered and len(tables) > 1:
-        merged = merged.take(np.argsort(merged.column("kg").to_numpy(), kind="stable"))
+        merged = merged.take(key_group_order(merged.column("kg").to_numpy()))
     return snapshot.narrow(merged)
 
 
@@ -225,7 +225,7 @@ def _merge_typed(tables: list[pa.Table], ordered: bool, *, wide: bool = False) -
         merged = base
     merged = merged.filter(merged.column("value").is_valid())
     if ordered and len(tables) > 1:
-        merged = merged.take(np.argsort(merged.column("kg").to_numpy(), kind="stable"))
+        merged = merged.take(key_group_order(merged.column("kg").to_numpy()))
     return merged
 
 

@@ -125,3 +125,19 @@ def test_key_group_selection_accepts_arrays():
     assert as_key_group_array(pa.array([3, 1, 3], pa.int32()), 8).tolist() == [1, 3]
     assert as_key_group_array(np.array([7, 0]), 8).tolist() == [0, 7]
     assert as_key_group_array(range(2), 8).tolist() == [0, 1]
+
+
+@given(st.lists(st.integers(0, 2**31 - 1) | st.integers(0, 7), max_size=300))
+def test_key_group_order_is_the_stable_argsort(kgs):
+    """Rows of one key group keep their order (a delta's rows for one key group stay as the shim sent them)."""
+    from spark_state.keygroups import key_group_order
+
+    kg = np.asarray(kgs, dtype=np.int32)
+    assert np.array_equal(key_group_order(kg), np.argsort(kg, kind="stable"))
+
+
+def test_key_group_order_of_negative_values_is_still_argsorts():
+    from spark_state.keygroups import key_group_order
+
+    kg = np.asarray([3, -1, 3, 0, -1], dtype=np.int32)
+    assert np.array_equal(key_group_order(kg), np.argsort(kg, kind="stable"))

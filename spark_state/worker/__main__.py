@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 
+from spark_state.worker import warmup
 from spark_state.worker.server import Dispatcher, WorkerServer
 
 
@@ -71,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     os.chmod(sock_path, 0o600)
     _exit_when_parent_gone(sock_path)
     print(f"READY {os.getpid()}", flush=True)
+    warmup.start_in_background()
     server.serve_forever(poll_interval=0.5)
     return 0
 

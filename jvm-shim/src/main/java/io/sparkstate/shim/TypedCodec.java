@@ -115,4 +115,30 @@ final class TypedCodec {
       sink.accept(keyProjection.apply(k).copy(), valueProjection.apply(v).copy());
     }
   }
+
+  /**
+   * Converts one row of a small schema to Arrow and back, so the classes a store's first commit and
+   * load use (Arrow vectors and IPC, Spark's ArrowWriter and projections, the code generator) are
+   * loaded before the first task needs them. Called by the executor plugin, in the background.
+   */
+  static void warmUp() throws IOException {
+    StructType key = DataTypes.createStructType(new StructField[] {
+        DataTypes.createStructField("k", DataTypes.LongType, false)});
+    StructType value = DataTypes.createStructType(new StructField[] {
+        DataTypes.createStructField("n", DataTypes.LongType, true),
+        DataTypes.createStructField("s", DataTypes.StringType, true),
+        DataTypes.createStructField("d", DataTypes.DoubleType, true)});
+    TypedCodec codec = forSchemas(key, value);
+    if (codec == null) {
+      return;
+    }
+    UnsafeRow k = UnsafeProjection.create(key).apply(new GenericInternalRow(new Object[] {1L})).copy();
+    UnsafeRow v = UnsafeProjection.create(value).apply(new GenericInternalRow(new Object[] {
+        2L, org.apache.spark.unsafe.types.UTF8String.fromString("warm-up"), 0.5})).copy();
+    KeyHasher hasher = new KeyHasher(key, 1, SparkStateProvider.DEFAULT_MAX_PARALLELISM);
+    ArrowCodec.Body body = codec.encode(java.util.Collections.singletonMap(k, v).entrySet().iterator(), 1, hasher);
+    java.io.ByteArrayOutputStream bytes = new java.io.ByteArrayOutputStream();
+    body.writeTo(bytes);
+    ArrowCodec.decodeState(new java.io.ByteArrayInputStream(bytes.toByteArray()), key, value, (a, b) -> { });
+  }
 }

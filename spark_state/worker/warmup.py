@@ -1,0 +1,64 @@
+"""Work a new worker does once, in the background, right after it is ready.
+
+The worker answers requests as soon as its socket listens; the modules that
+commits and loads need (state, snapshot, storages, pyarrow's compute and IPC
+kernels, zstd) are imported lazily, which would otherwise put ~0.5 s of
+imports and first-call set-up inside the first commit or restore of every new
+executor. ``warm_up`` pays that while the JVM is still busy elsewhere. It is
+best effort: a failure is logged and the first request simply pays the cost.
+Set ``SPARK_STATE_WORKER_WARMUP=0`` to skip it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+log = logging.getLogger("spark_state.worker")
+
+
+def enabled() -> bool:
+    return os.environ.get("SPARK_STATE_WORKER_WARMUP", "1").strip().lower() not in ("0", "false", "no")
+
+
+def warm_up() -> float:
+    """Imports what commits and loads use and runs each kernel once on a few rows; returns the seconds taken."""
+    started = time.perf_counter()
+    import pyarrow as pa
+
+    from spark_state import identity, snapshot, state  # noqa: F401 - the imports are the point
+    from spark_state.keygroups import key_groups_of
+    from spark_state.storage import filesystem, memory  # noqa: F401
+    from spark_state.worker.protocol import ipc_to_table, table_to_ipc
+
+    key = pa.struct([("k", pa.int64())])
+    value = pa.struct([("v", pa.int64()), ("s", pa.string())])
+    hashes = pa.array([7, -3, 11], pa.int32())
+    rows = pa.table({
+        "kg": pa.array(key_groups_of(hashes, 64), pa.int32()),
+        "hash": hashes,
+        "key": pa.array([{"k": 1}, {"k": 2}, {"k": 3}], key),
+        "value": pa.array([{"v": 1, "s": "a"}, {"v": 2, "s": "b"}, None], value),
+    })
+    rows = ipc_to_table(table_to_ipc(rows).to_pybytes())              # the commit's request body
+    encoded = snapshot.encode(rows.filter(rows.column("value").is_valid()))   # a commit's file
+    base = snapshot.decode(encoded.data, "warm-up", 64)
+    state.merge_chain([base, rows], ordered=False)                    # a restore of a chain
+    return time.perf_counter() - started
+
+
+def start_in_background() -> threading.Thread | None:
+    if not enabled():
+        return None
+
+    def run():
+        try:
+            log.info("warm-up done in %.0f ms", warm_up() * 1000)
+        except Exception:  # noqa: BLE001 - best effort; the first request pays the cost instead
+            log.warning("warm-up failed; the first request imports what it needs", exc_info=True)
+
+    thread = threading.Thread(target=run, name="warm-up", daemon=True)
+    thread.start()
+    return thread
