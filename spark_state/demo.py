@@ -131,6 +131,25 @@ def _expected_clicks(files: list[list[dict]]) -> dict[str, int]:
     return totals
 
 
+def _show_state_without_spark(console, workdir: Path, final: dict) -> bool:
+    """The state files are typed tables: read them back with pandas (no Spark, no JVM) and check each user's
+    stored click count equals the query's last output for that user."""
+    import spark_state
+
+    state = spark_state.read_state(str(workdir / "checkpoint")).to_pandas()
+    stored = {row["key"]["user"]: row["value"]["groupState"] for _, row in state.iterrows()}
+    console.print("\nthe same state read without Spark: [bold]spark_state.read_state(checkpoint).to_pandas()[/bold]")
+    console.print(state.head(3).to_string(), markup=False, soft_wrap=True)
+    wrong = {u: (s["clicks"], final.get(u, {}).get("clicks")) for u, s in stored.items()
+             if s["clicks"] != final.get(u, {}).get("clicks")}
+    if wrong or sorted(stored) != sorted(final):
+        console.print(f"[red]stored state differs from the output[/red] (user: stored, output): {wrong}; "
+                      f"users stored {sorted(stored)}, output {sorted(final)}")
+        return False
+    console.print(f"{len(stored)} users' stored click counts equal the query's output.")
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--storage", default="filesystem", choices=["filesystem", "memory"],
@@ -206,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                   "(manifests chk-N/_metadata, Arrow data in shared/):")
     for p in ours:
         console.print(f"  {p.relative_to(workdir)}  ({p.stat().st_size} bytes)", markup=False, soft_wrap=True)
+    if args.storage == "filesystem":   # memory storage keeps no files to read
+        ok &= _show_state_without_spark(console, workdir, final)
     if not closed:
         ok = False
         console.print("[red]no session timed out in run 2, but the quiet users' sessions should have")
