@@ -55,7 +55,7 @@ from spark_state.keygroups import (
 from spark_state.manifest import DELTA, SNAPSHOT, CompactionRecord, FileEntry, Manifest
 from spark_state.options import PREFIX, Settings
 from spark_state.references import referenced_elsewhere
-from spark_state.rowkeys import last_per_key
+from spark_state.rowkeys import last_per_key, last_write_mask
 from spark_state.snapshot import CHANGES_SCHEMA
 from spark_state.storage import CheckpointStorage, resolve_root, storage_for
 from spark_state.storage.base import file_version, manifest_path, record_path
@@ -205,9 +205,15 @@ def _struct_as(array: pa.StructArray, target: pa.StructType) -> pa.StructArray:
     return pa.StructArray.from_arrays(children, fields=list(target), mask=array.is_null())
 
 
+#: Deltas with fewer rows than the base / this are folded alone and looked up in the base by hash (is_in on
+#: int32 is cheap against a small set); bigger ones are folded with the whole base in one pass.
+_SMALL_DELTAS = 8
+
+
 def _merge_typed(tables: list[pa.Table], ordered: bool, *, wide: bool = False) -> pa.Table:
-    """merge_chain for struct keys: deltas folded by key codes; base rows are candidates only when a delta
-    has their hash (an int32 lookup), and only candidates are compared by key."""
+    """merge_chain for struct keys, by key codes (``spark_state.rowkeys``). Small deltas: base rows are
+    candidates only when a delta has their hash (an int32 lookup), and only candidates are compared by key.
+    Deltas touching much of the base (a restore after several batches): every row's last write in one pass."""
     schema_of = tables[-1]
     tables = [t for t in tables if t.num_rows]
     if not tables:
@@ -216,14 +222,18 @@ def _merge_typed(tables: list[pa.Table], ordered: bool, *, wide: bool = False) -
         merged = _merge_typed([snapshot.widen_typed(t) for t in tables], ordered, wide=True)
         return snapshot.narrow_typed(merged, schema_of.schema)
     base, deltas = tables[0], tables[1:]
-    if deltas:
+    if not deltas:
+        merged = base.filter(base.column("value").is_valid())
+    elif sum(t.num_rows for t in deltas) * _SMALL_DELTAS < base.num_rows:
         newer = deltas[0] if len(deltas) == 1 else last_per_key(pa.concat_tables(deltas))
         touched = pc.is_in(base.column("hash"), value_set=newer.column("hash").combine_chunks())
         folded = last_per_key(pa.concat_tables([base.filter(touched), newer]))
         merged = pa.concat_tables([base.filter(pc.invert(touched)), folded])
-    else:
-        merged = base
-    merged = merged.filter(merged.column("value").is_valid())
+        merged = merged.filter(merged.column("value").is_valid())
+    else:   # the deltas touch much of the base: one pass over every row beats a hash lookup per base row
+        merged = pa.concat_tables(tables)
+        keep = last_write_mask(merged.column("key"))
+        merged = merged.filter(pc.and_(pa.array(keep), merged.column("value").is_valid()))
     if ordered and len(tables) > 1:
         merged = merged.take(key_group_order(merged.column("kg").to_numpy()))
     return merged

@@ -3,7 +3,7 @@
 import pyarrow as pa
 from hypothesis import given, settings, strategies as st
 
-from spark_state.rowkeys import key_codes, last_per_key
+from spark_state.rowkeys import key_codes, last_per_key, last_write_mask
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
 KEY = pa.struct([("a", pa.int64()), ("b", pa.int32()), ("c", pa.string()), ("d", pa.uint64())])
@@ -39,3 +39,26 @@ def test_last_per_key_keeps_the_last_write_of_each_key():
     table = pa.table({"key": pa.array([{"k": 5}, {"k": -1}, {"k": 5}, {"k": 2**62}], pa.struct([("k", pa.int64())])),
                       "v": [1, 2, 3, 4]})
     assert last_per_key(table).column("v").to_pylist() == [2, 3, 4]
+
+
+def _model_last_writes(keys) -> list[bool]:
+    last = {repr(k): i for i, k in enumerate(keys)}
+    return [last[repr(k)] == i for i, k in enumerate(keys)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 20) | INT64, max_size=60))
+def test_last_write_mask_marks_each_keys_newest_row_dense_or_sparse_codes(ks):
+    """Narrow ranges take the direct-addressing path; random 64-bit keys are renumbered first."""
+    keys = pa.array([{"k": k} for k in ks], pa.struct([("k", pa.int64())]))
+    assert last_write_mask(keys).tolist() == _model_last_writes(ks)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.none() | st.sampled_from(["x", "y", ""]), st.none() | INT64), max_size=40))
+def test_last_write_mask_on_chunked_multi_field_keys(rows):
+    type_ = pa.struct([("s", pa.string()), ("n", pa.int64())])
+    array = pa.array([{"s": s, "n": n} for s, n in rows], type_)
+    cut = len(rows) // 2
+    chunked = pa.chunked_array([array.slice(0, cut), array.slice(cut)], type_)
+    assert last_write_mask(chunked).tolist() == _model_last_writes(rows)

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from spark_state import snapshot
+from spark_state import snapshot, state
 from spark_state.errors import ProtocolError
 from spark_state.keygroups import key_groups_of
 from spark_state.manifest import SNAPSHOT, TYPED_FORMAT, Manifest
@@ -21,6 +21,7 @@ from spark_state.state import CHANGES_SCHEMA, VersionedStore, merge_chain
 from spark_state.storage import FileSystemCheckpointStorage
 
 M = 16
+SMALL_DELTAS = state._SMALL_DELTAS
 #: A key like a session window's: (user, nested window), nullable fields; an array field (dictionary encoding
 #: cannot key it, so key equality falls back to Python values).
 KEY = pa.struct([("user", pa.string()), ("window", pa.struct([("start", pa.timestamp("us", "UTC")),
@@ -98,9 +99,16 @@ def test_merge_chain_of_typed_rows_matches_a_dict(chain):
                 model[k] = _frozen(v)
     tables[0] = tables[0].filter(tables[0].column("value").is_valid())   # a snapshot holds no deletes
     tables = [t.take(np.argsort(t.column("kg").to_numpy(), kind="stable")) for t in tables]   # files: kg order
-    merged = merge_chain(tables)
-    assert (np.diff(merged.column("kg").to_numpy()) >= 0).all()
-    assert as_dict(merged) == model
+    for small_deltas in (0, 10**9):   # both folds: deltas looked up in the base by hash, and one pass over all
+        state._SMALL_DELTAS = small_deltas
+        try:
+            merged = merge_chain(tables)
+            unordered = merge_chain(tables, ordered=False)
+        finally:
+            state._SMALL_DELTAS = SMALL_DELTAS
+        assert (np.diff(merged.column("kg").to_numpy()) >= 0).all()
+        assert as_dict(merged) == model
+        assert as_dict(unordered) == model
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
