@@ -57,30 +57,93 @@ def read_frame(stream: BinaryIO, *, max_header: int = MAX_HEADER,
     return header, body
 
 
-def write_frame(stream: BinaryIO, header: dict, body: bytes | memoryview | pa.Buffer = b"") -> None:
+def write_frame(stream: BinaryIO, header: dict, body: "bytes | memoryview | pa.Buffer | IpcBody" = b"") -> None:
     encoded = json.dumps(header, separators=(",", ":")).encode()
     stream.write(_U32.pack(len(encoded)))
     stream.write(encoded)
     stream.write(_U64.pack(len(body)))
-    if len(body):
+    if isinstance(body, IpcBody):
+        body.write_to(stream)
+    elif len(body):
         stream.write(body)
     stream.flush()
 
 
-def table_to_ipc(table: pa.Table) -> pa.Buffer:
-    """One Arrow IPC stream of ``table``: opaque rows as CHANGES_SCHEMA batches, typed rows as they are
-    (no compression: the peer is on the same host)."""
+def _wire_batches(table: pa.Table) -> tuple[pa.Schema, list[pa.RecordBatch]]:
+    """What goes on the socket: opaque rows as CHANGES_SCHEMA batches, typed rows as they are."""
     from spark_state.snapshot import CHANGES_SCHEMA, binary_batches, is_typed
 
     if table.schema != CHANGES_SCHEMA and table.schema.names == CHANGES_SCHEMA.names and not is_typed(table):
-        batches, schema = binary_batches(table), CHANGES_SCHEMA   # wide offsets: the JVM reads 32-bit ones
-    else:
-        batches, schema = table.to_batches(), table.schema
+        return CHANGES_SCHEMA, list(binary_batches(table))   # wide offsets: the JVM reads 32-bit ones
+    return table.schema, table.to_batches()
+
+
+def table_to_ipc(table: pa.Table) -> pa.Buffer:
+    """One Arrow IPC stream of ``table`` in one buffer (see _wire_batches; no compression: the peer is on
+    the same host)."""
+    schema, batches = _wire_batches(table)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, schema) as writer:
         for batch in batches:
             writer.write_batch(batch)
     return sink.getvalue()
+
+
+#: Arrow IPC's end-of-stream marker (continuation token, zero length).
+_EOS_SIZE = 8
+
+
+class IpcBody:
+    """The Arrow IPC stream of a table, serialised straight onto the socket batch by batch.
+
+    The frame's length goes first, so it is computed without serialising
+    (``get_record_batch_size`` runs Arrow's writer against a counting sink):
+    the JVM decodes the first batches while later ones are being written, and
+    no copy of the whole reply is built (a 1M-row restore: 61 MiB). The same
+    bytes as ``table_to_ipc``.
+    """
+
+    def __init__(self, table: pa.Table):
+        self.schema, self.batches = _wire_batches(table)
+        self._size = (self.schema.serialize().size + sum(pa.ipc.get_record_batch_size(b) for b in self.batches)
+                      + _EOS_SIZE)
+
+    def __len__(self) -> int:
+        return self._size
+
+    def write_to(self, stream: BinaryIO) -> None:
+        counted = _Bounded(stream, self._size)
+        with pa.ipc.new_stream(counted, self.schema) as writer:
+            for batch in self.batches:
+                writer.write_batch(batch)
+        if counted.written != self._size:   # the peer waits for exactly the announced bytes
+            raise ProtocolError(f"reply body is {counted.written} bytes, its frame announced {self._size}")
+
+
+class _Bounded:
+    """A write-only file over `stream` that refuses to exceed the frame's announced length."""
+
+    closed = False
+
+    def __init__(self, stream: BinaryIO, limit: int):
+        self._stream, self._limit, self.written = stream, limit, 0
+
+    def write(self, data) -> int:
+        n = memoryview(data).nbytes
+        if self.written + n > self._limit:
+            raise ProtocolError(f"reply body exceeds the {self._limit} bytes its frame announced")
+        self._stream.write(data)
+        self.written += n
+        return n
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def writable(self) -> bool:
+        return True
 
 
 def ipc_to_table(body: bytes) -> pa.Table:

@@ -22,7 +22,7 @@ import spark_state
 from spark_state.errors import ProtocolError, SparkStateError
 from spark_state.options import Settings
 from spark_state.worker.protocol import (
-    HELLO_MAX_HEADER, PROTOCOL_VERSION, ipc_to_table, read_frame, table_to_ipc, write_frame,
+    HELLO_MAX_HEADER, PROTOCOL_VERSION, IpcBody, ipc_to_table, read_frame, write_frame,
 )
 
 log = logging.getLogger("spark_state.worker")
@@ -96,7 +96,7 @@ class Dispatcher:
             and hmac.compare_digest(str(header.get("secret", "")).encode(), self._secret)
         )
 
-    def handle(self, header: dict, body: bytes) -> tuple[dict, bytes | pa.Buffer]:
+    def handle(self, header: dict, body: bytes) -> tuple[dict, bytes | pa.Buffer | IpcBody]:
         op = header.get("op")
         method = getattr(self, f"op_{op}", None) if isinstance(op, str) else None
         if method is None:
@@ -144,14 +144,15 @@ class Dispatcher:
                 "ms": round((time.perf_counter() - started) * 1000, 3), **_maintenance_status(store)}, b""
 
     def op_load(self, header, body):
-        """A version's rows and commit id; only the id when the shim still holds that very commit."""
+        """A version's rows and commit id; only the id when the shim still holds that very commit. The rows are
+        serialised onto the socket as it drains (IpcBody), so the JVM decodes while the worker writes."""
         version = _int_field(header, "version")
         known = header.get("commitId")
         loaded = self._store(header).load_checked(version, str(known) if known else None, ordered=False)
         if loaded.table is None:
             return {"ok": True, "unchanged": True, "commitId": loaded.commit_id}, b""
         return ({"ok": True, "rows": loaded.table.num_rows, "commitId": loaded.commit_id},
-                table_to_ipc(loaded.table))
+                IpcBody(loaded.table))
 
     def op_latest(self, header, body):
         return {"ok": True, "version": self._store(header).latest_version()}, b""
