@@ -175,7 +175,8 @@ DESCRIPTIONS = {
     "storage": "Checkpoint storage: 'filesystem' (any fsspec URL, durable) or 'memory' (worker process memory).",
     "checkpointRoot": "Root URL of the filesystem storage. Default: Spark's own state directory of each store.",
     "maxParallelism": f"Number of key groups M, fixed for the life of a checkpoint. Default {DEFAULT_MAX_PARALLELISM}.",
-    "compressionLevel": "zstd level of snapshot and delta files (1-22). Default 3.",
+    "compressionLevel": ("zstd level of snapshot files (1-22). Default 3. Deltas, short-lived (compaction "
+                         "rewrites them), use zstd's fast level -3."),
     "snapshotInterval": "Deltas after which the worker compacts a full snapshot in the background. Default 10.",
     "memory.maxStateSize": "Memory storage: largest snapshot of one store (e.g. 5m, 64MiB). Default 5 MiB.",
     "memory.metadataDir": "Memory storage: URL where manifests are written durably. Default: none.",

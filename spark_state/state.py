@@ -67,6 +67,10 @@ _CACHE_LIMIT = 1024
 #: Versions retention always keeps, whatever minBatchesToRetain says: a commit in flight builds on
 #: the newest, and a duplicate attempt of it on the one before.
 MIN_KEPT_VERSIONS = 2
+#: zstd level of delta files, whatever compressionLevel (snapshots) says: a delta lives until the next compaction
+#: (snapshotInterval commits) rewrites its rows at compressionLevel. On 100k changed rows of 1M: 20.5 vs 25.8 ms
+#: to encode at level 3, 2.06 vs 1.81 MiB.
+DELTA_COMPRESSION_LEVEL = -3
 #: "The caller did not say which version it holds": skip the base identity check (readers, old shims).
 UNCHECKED = object()
 
@@ -383,7 +387,10 @@ class VersionedStore:
                 kind, rows = DELTA, changes
             else:   # building on the empty state: the changes are the whole state
                 kind, rows = SNAPSHOT, changes.filter(changes.column("value").is_valid())
-            encoded = snapshot.encode(rows, self.settings.compression_level)
+            if kind == DELTA:   # short-lived (compaction rewrites it): fast to write beats small
+                encoded = snapshot.encode(rows, DELTA_COMPRESSION_LEVEL, arrival_order=True)
+            else:
+                encoded = snapshot.encode(rows, self.settings.compression_level)
             path = self.storage.new_file_path(version, kind)
             manifest = Manifest(version, self.settings.max_parallelism, chain + (_entry(path, kind, version, encoded),),
                                 rows=encoded.rows if kind == SNAPSHOT else None, query_id=self.query_id)

@@ -113,15 +113,20 @@ def test_merge_chain_of_typed_rows_matches_a_dict(chain):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(keys.map(_frozen), values, max_size=40), st.sets(st.integers(0, M - 1)),
-       st.sampled_from([64, 1 << 20]))
-def test_typed_file_round_trip_and_key_group_subsets(state, wanted, target):
-    t = table([(_thaw(k), v) for k, v in state.items()])
-    enc = snapshot.encode(t, 3, target_batch_bytes=target)
+       st.sampled_from([64, 1 << 20]), st.booleans(), st.randoms(use_true_random=False))
+def test_typed_file_round_trip_and_key_group_subsets(state, wanted, target, arrival_order, rnd):
+    """Sorted files and arrival-order deltas (rows shuffled as a hash map hands them over) read the same."""
+    rows = [(_thaw(k), v) for k, v in state.items()]
+    rnd.shuffle(rows)
+    t = table(rows)
+    enc = snapshot.encode(t, -3 if arrival_order else 3, target_batch_bytes=target, arrival_order=arrival_order)
     assert enc.file_format == snapshot.TYPED_FORMAT and enc.rows == len(state)
     snapshot.check_whole(enc.data, "f", enc.size, enc.checksum)
     assert "kg" not in pa.ipc.open_stream(pa.py_buffer(enc.data)).schema.names, "kg is derived, not stored"
     full = snapshot.decode(enc.data, "f", M)
     assert full.schema == SCHEMA and as_dict(full) == as_dict(t)
+    if arrival_order:
+        assert full.column("key").to_pylist() == t.column("key").to_pylist(), "rows keep the order given"
     assert snapshot.read_trailer(enc.data, "f") == (enc.index_offset, enc.index_length)
     fetch = lambda ranges: [enc.data[a:b] for a, b in ranges]   # noqa: E731
     sub = snapshot.read_key_groups(fetch, "f", enc.index_offset, enc.index_length, enc.index_checksum,
