@@ -4,7 +4,10 @@ import java.io.IOException;
 import java.util.Iterator;
 import java.util.Map;
 
+import org.apache.arrow.vector.FieldVector;
+import org.apache.arrow.vector.IntVector;
 import org.apache.arrow.vector.VectorSchemaRoot;
+import org.apache.arrow.vector.complex.StructVector;
 import org.apache.arrow.vector.ipc.ArrowStreamWriter;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
 import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
@@ -27,8 +30,19 @@ final class TypedCodec {
   static final String TIME_ZONE = "UTC";
 
   private final StructType rowType;
+  private final StructType keySchema;
+  private final StructType valueSchema;
+  /**
+   * Rows of flat schemas are written by {@link FlatStructWriter}, others by ArrowWriter. The system
+   * property {@code spark_state.arrowWriterOnly} forces ArrowWriter (tests compare both; benchmarks A/B).
+   */
+  private final boolean flat;
 
   private TypedCodec(StructType keySchema, StructType valueSchema) {
+    this.keySchema = keySchema;
+    this.valueSchema = valueSchema;
+    this.flat = !Boolean.getBoolean("spark_state.arrowWriterOnly")
+        && FlatStructWriter.supports(keySchema) && FlatStructWriter.supports(valueSchema);
     this.rowType = DataTypes.createStructType(new StructField[] {
         DataTypes.createStructField("kg", DataTypes.IntegerType, true),
         DataTypes.createStructField("hash", DataTypes.IntegerType, true),
@@ -58,10 +72,19 @@ final class TypedCodec {
     return ArrowWriter.create(rowType, TIME_ZONE, false, false);
   }
 
+  /** Whether rows are written by {@link FlatStructWriter} (else by Spark's ArrowWriter). */
+  boolean flat() {
+    return flat;
+  }
+
   /** Encodes rows (key to value, null value = delete) as one Arrow stream of typed batches. */
   ArrowCodec.Body encode(Iterator<Map.Entry<UnsafeRow, UnsafeRow>> rows, int expected, KeyHasher hasher)
       throws IOException {
     ArrowCodec.Body bytes = new ArrowCodec.Body(Math.max(1024, Math.min(expected, 1 << 22) * 48));
+    if (flat) {
+      encodeFlat(rows, hasher, bytes);
+      return bytes;
+    }
     ArrowWriter arrow = newWriter();
     VectorSchemaRoot root = arrow.root();
     try (ArrowStreamWriter writer = new ArrowStreamWriter(root, null, bytes)) {
@@ -98,6 +121,58 @@ final class TypedCodec {
       root.close();
     }
     return bytes;
+  }
+
+  /**
+   * {@link #encode} for flat schemas: the same vectors (ArrowWriter creates them, so the schema is
+   * Spark's), the same batches, filled by {@link FlatStructWriter}.
+   */
+  private void encodeFlat(Iterator<Map.Entry<UnsafeRow, UnsafeRow>> rows, KeyHasher hasher, ArrowCodec.Body bytes)
+      throws IOException {
+    VectorSchemaRoot root = newWriter().root();
+    try (ArrowStreamWriter writer = new ArrowStreamWriter(root, null, bytes)) {
+      IntVector kg = (IntVector) root.getVector("kg");
+      IntVector hash = (IntVector) root.getVector("hash");
+      FlatStructWriter key = new FlatStructWriter(keySchema, (StructVector) root.getVector("key"));
+      FlatStructWriter value = new FlatStructWriter(valueSchema, (StructVector) root.getVector("value"));
+      writer.start();
+      int n = 0;
+      long batchBytes = 0;
+      while (rows.hasNext()) {
+        Map.Entry<UnsafeRow, UnsafeRow> e = rows.next();
+        UnsafeRow k = e.getKey();
+        UnsafeRow v = e.getValue();
+        int h = hasher.hash(k);
+        kg.setSafe(n, hasher.keyGroup(h));
+        hash.setSafe(n, h);
+        key.write(n, k);
+        value.write(n, v);
+        n++;
+        batchBytes += k.getSizeInBytes() + (v == null ? 0 : v.getSizeInBytes());
+        if (n == ArrowCodec.BATCH_ROWS || batchBytes >= ArrowCodec.BATCH_BYTES) {
+          root.setRowCount(n);
+          writer.writeBatch();
+          resetVectors(root);
+          n = 0;
+          batchBytes = 0;
+        }
+      }
+      if (n > 0) {
+        root.setRowCount(n);
+        writer.writeBatch();
+      }
+      writer.end();
+    } finally {
+      root.close();
+    }
+  }
+
+  /** What ArrowWriter.reset does: empties every vector, keeping its buffers. */
+  private static void resetVectors(VectorSchemaRoot root) {
+    root.setRowCount(0);
+    for (FieldVector v : root.getFieldVectors()) {
+      v.reset();
+    }
   }
 
   /** Decodes one batch of a typed state stream; rows with a null value are skipped. */
