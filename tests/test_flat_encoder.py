@@ -159,3 +159,37 @@ def test_other_schemas_keep_arrow_writer(probe, tmp_path):
     with pa.OSFile(str(tmp_path / "in.arrow"), "wb") as f, pa.ipc.new_stream(f, rows.schema) as w:
         w.write_table(rows)
     assert probe(key.json(), value.json(), str(tmp_path / "in.arrow"), str(tmp_path)) == "OK false"
+
+
+def test_a_batch_changing_keys_twice_commits_each_keys_last_change(tmp_path):
+    """The shim appends every put and remove to its change log as it happens, so a key changed twice in a batch
+    is in the log twice: the committed version (the provider's map, and a new provider loading it from the
+    worker) holds each key's last change, and each file (the first version's snapshot, the second's delta)
+    holds one row per key. Runs tests/jvm/ChangeLogProbe.java (a provider, no Spark session)."""
+    import sys
+    from pathlib import Path
+
+    from spark_state import shim
+
+    if shutil.which("javac") is None:
+        pytest.skip("needs a JDK 17")
+    cp = f"{shim.shim_jar()}:{shim.spark_jars_dir() / '*'}"
+    src = Path(__file__).parent / "jvm" / "ChangeLogProbe.java"
+    subprocess.run(["javac", "-nowarn", "-d", str(tmp_path), "-cp", cp, str(src)], check=True, capture_output=True)
+    opens = ["--add-opens=java.base/java.nio=ALL-UNNAMED", "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED",
+             "--add-opens=java.base/java.lang=ALL-UNNAMED", "--add-opens=java.base/java.util=ALL-UNNAMED",
+             "-Dio.netty.tryReflectionSetAccessible=true"]
+    out = subprocess.run(["java", "-Xmx512m", *opens, "-cp", f"{tmp_path}:{cp}", "ChangeLogProbe",
+                          str(tmp_path / "ckpt"), sys.executable], capture_output=True, text=True, timeout=240)
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.startswith(("LIVE ", "LOADED ")))
+    expected = "1=12/v12,2=21/v21,5=51/v51"
+    assert lines.get("LIVE") == expected and lines.get("LOADED") == expected, (out.stdout, out.stderr[-3000:])
+
+    from spark_state import snapshot
+    from spark_state.options import DEFAULT_MAX_PARALLELISM
+
+    files = sorted(p for p in (tmp_path / "ckpt").rglob("*.arrow") if "snapshot" in p.name or "delta" in p.name)
+    assert len(files) == 2, files
+    for f in files:
+        keys = [k["k"] for k in snapshot.decode(f.read_bytes(), f.name, DEFAULT_MAX_PARALLELISM)["key"].to_pylist()]
+        assert len(keys) == len(set(keys)), (f.name, keys)
