@@ -74,6 +74,7 @@ final class SparkStateStore implements StateStore {
         if (state == State.UPDATING) {
           abort();
         }
+        closeLog();
       });
     }
   }
@@ -180,11 +181,13 @@ final class SparkStateStore implements StateStore {
       return false;
     }
     state = State.ABORTED;
-    closeLog();
     return true;
   }
 
-  /** Frees the change log's Arrow memory (an aborted or failed batch). */
+  /**
+   * Frees the change log's Arrow memory (an aborted or failed batch). Only on the task's thread (abort,
+   * task completion): {@link #markAborted} runs on another task's thread while this one may still append.
+   */
   private void closeLog() {
     if (log != null) {
       log.close();
