@@ -148,3 +148,45 @@ def test_an_unauthenticated_peer_cannot_make_the_worker_allocate(worker):
     resp, _ = read_frame(stream)
     assert not resp["ok"] and "larger than 0" in resp["error"]
     assert worker.proc.poll() is None
+
+
+def _typed_changes(rows: list[tuple[int, int | None]]) -> pa.Table:
+    """Typed changes (struct key {k: long}, value {n: long}, null = delete), kg and hash as the worker checks them."""
+    from spark_state.keygroups import key_groups_of
+    from spark_state.options import DEFAULT_MAX_PARALLELISM
+
+    hashes = pa.array([k * 7 for k, _ in rows], pa.int32())
+    return pa.table({
+        "kg": pa.array(key_groups_of(hashes, DEFAULT_MAX_PARALLELISM), pa.int32()),
+        "hash": hashes,
+        "key": pa.StructArray.from_arrays([pa.array([k for k, _ in rows], pa.int64())], names=["k"]),
+        "value": pa.StructArray.from_arrays([pa.array([v or 0 for _, v in rows], pa.int64())], names=["n"],
+                                            mask=pa.array([v is None for _, v in rows])),
+    })
+
+
+def test_a_change_log_naming_a_key_twice_keeps_the_last_row(worker, tmp_path):
+    """The shim appends each put/remove to its change log as it happens: with ``repeatedKeys`` a key may be in it
+    more than once (updated twice, put then removed, removed then put) and the last row wins; the delta file
+    still holds one row per key."""
+    from spark_state import snapshot
+    from spark_state.options import DEFAULT_MAX_PARALLELISM
+
+    conn = worker.connect()
+    base = {"store": _store(tmp_path), "options": {"storage": "filesystem"}}
+    resp, _ = conn.request({"op": "commit", "version": 1, **base},
+                           table_to_ipc(_typed_changes([(1, 10), (2, 20), (3, 30)])))
+    assert resp["ok"], resp
+    log = [(1, 11), (1, 12), (4, 40), (4, None), (2, None), (2, 21), (3, None), (5, 50), (5, 51)]
+    resp, _ = conn.request({"op": "commit", "version": 2, "repeatedKeys": True, **base},
+                           table_to_ipc(_typed_changes(log)))
+    assert resp["ok"], resp
+    resp, body = conn.request({"op": "load", "version": 2, **base})
+    assert resp["ok"], resp
+    loaded = ipc_to_table(body)
+    assert sorted((k["k"], v["n"]) for k, v in zip(loaded["key"].to_pylist(), loaded["value"].to_pylist())) == [
+        (1, 12), (2, 21), (5, 51)]
+    deltas = [p for p in (tmp_path / "ckpt").rglob("*") if p.is_file() and "delta" in p.name]
+    assert len(deltas) == 1, deltas
+    delta = snapshot.decode(deltas[0].read_bytes(), deltas[0].name, DEFAULT_MAX_PARALLELISM)
+    assert sorted(k["k"] for k in delta["key"].to_pylist()) == [1, 2, 3, 4, 5]

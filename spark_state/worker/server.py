@@ -134,6 +134,11 @@ class Dispatcher:
             except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
                 raise ProtocolError(f"commit body has schema {changes.schema}, expected {CHANGES_SCHEMA} or typed "
                                     f"struct key and value columns: {err}") from None
+        if header.get("repeatedKeys"):
+            # The shim's change log, written as the batch ran, may name a key more than once: the last row wins.
+            from spark_state.rowkeys import last_per_key
+
+            changes = last_per_key(changes)
         base = header["baseCommitId"] if "baseCommitId" in header else UNCHECKED
         started = time.perf_counter()
         store = self._store(header)

@@ -6,6 +6,7 @@ import java.util.List;
 import org.apache.spark.sql.catalyst.expressions.BoundReference;
 import org.apache.spark.sql.catalyst.expressions.Expression;
 import org.apache.spark.sql.catalyst.expressions.Murmur3Hash;
+import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
@@ -21,7 +22,11 @@ import scala.jdk.javaapi.CollectionConverters;
  */
 final class KeyHasher {
   static final int SEED = 42;
-  private final Murmur3Hash expr;
+  /**
+   * The hash as generated code (one projection to an int column): the interpreted expression was a
+   * quarter of a commit's time in the JVM. Projections are not thread-safe, so {@link #hash} is synchronized.
+   */
+  private final UnsafeProjection projection;
   private final int maxParallelism;
 
   KeyHasher(StructType keySchema, int numHashFields, int maxParallelism) {
@@ -30,7 +35,8 @@ final class KeyHasher {
     for (int i = 0; i < numHashFields; i++) {
       refs.add(new BoundReference(i, fields[i].dataType(), fields[i].nullable()));
     }
-    this.expr = new Murmur3Hash(CollectionConverters.asScala(refs).toList(), SEED);
+    Expression hash = new Murmur3Hash(CollectionConverters.asScala(refs).toList(), SEED);
+    this.projection = UnsafeProjection.create(CollectionConverters.asScala(List.of(hash)).toSeq());
     this.maxParallelism = maxParallelism;
   }
 
@@ -46,8 +52,8 @@ final class KeyHasher {
     return n;
   }
 
-  int hash(UnsafeRow key) {
-    return (Integer) expr.eval(key);
+  synchronized int hash(UnsafeRow key) {
+    return projection.apply(key).getInt(0);
   }
 
   int keyGroup(int hash) {

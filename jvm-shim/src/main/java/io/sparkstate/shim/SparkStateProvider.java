@@ -353,12 +353,19 @@ public class SparkStateProvider implements StateStoreProvider {
    * Ships a change log as version {@code newVersion}, built on the commit {@code map} holds (the
    * worker refuses it if storage holds another); returns the reply (bytes written, the new commit id).
    */
+  /** The codec of typed rows, or null when this provider ships opaque rows (file format 1). */
+  TypedCodec typedCodec() {
+    return typed;
+  }
+
+  KeyHasher hasher() {
+    return hasher;
+  }
+
+  /** Ships a change map (opaque rows: key to new value, null = delete), or the whole map (see {@link #isFull}). */
   JsonNode commitChanges(StateMap map, long newVersion, Map<UnsafeRow, UnsafeRow> changes) {
+    boolean full = isFull(map);
     ArrowCodec.Body body;
-    // A map whose files are in the other format than this provider writes (opaque files and a typed codec, or
-    // typed files and no codec: executors that disagree) changes format by shipping it whole once (the map
-    // already holds the changes).
-    boolean full = (typed != null) == map.opaque;
     try {
       if (typed == null) {
         body = ArrowCodec.encodeChanges(full ? map.rows : changes, hasher);
@@ -370,9 +377,48 @@ public class SparkStateProvider implements StateStoreProvider {
     } catch (IOException e) {
       throw new UncheckedIOException("spark_state: cannot encode the changes of " + this, e);
     }
+    return sendCommit(map, newVersion, body, full, false);
+  }
+
+  /**
+   * Ships a typed change log encoded during the batch (null: no changes); {@code repeatedKeys}: it
+   * may name a key more than once (the worker keeps the last row). A map to ship whole ignores the log.
+   */
+  JsonNode commitLog(StateMap map, long newVersion, TypedCodec.Encoder log, boolean repeatedKeys) {
+    boolean full = isFull(map);
+    ArrowCodec.Body body;
+    try {
+      if (full || log == null) {
+        if (log != null) {
+          log.close();
+        }
+        body = full ? typed.encode(map.rows.entrySet().iterator(), map.size(), hasher)
+            : typed.encode(java.util.Collections.emptyIterator(), 0, hasher);
+      } else {
+        body = log.finish();
+      }
+    } catch (IOException e) {
+      throw new UncheckedIOException("spark_state: cannot encode the changes of " + this, e);
+    }
+    return sendCommit(map, newVersion, body, full, repeatedKeys && !full);
+  }
+
+  /**
+   * A map whose files are in the other format than this provider writes (opaque files and a typed codec, or
+   * typed files and no codec: executors that disagree) changes format by shipping it whole once (the map
+   * already holds the changes).
+   */
+  private boolean isFull(StateMap map) {
+    return (typed != null) == map.opaque;
+  }
+
+  private JsonNode sendCommit(StateMap map, long newVersion, ArrowCodec.Body body, boolean full, boolean repeatedKeys) {
     ObjectNode h = request("commit");
     if (full) {
       h.put("full", true);
+    }
+    if (repeatedKeys) {
+      h.put("repeatedKeys", true);
     }
     h.put("version", newVersion);
     h.put("baseCommitId", map.commitId);

@@ -24,6 +24,10 @@ import scala.runtime.BoxedUnit;
 /**
  * The open (writable) store of one version: mutates the provider's live map in place and keeps a
  * change log (key → new value, null = delete) for commit, so no copy of the map is made per batch.
+ * With typed rows the change log is an Arrow stream each put and remove is appended to as it
+ * happens (as HDFS's provider writes its delta file during the batch), so commit only finishes and
+ * ships it; a key changed twice is then in it twice and the commit says so (the worker keeps the
+ * last row). Opaque rows (format 1) keep a map of the changed rows, encoded at commit.
  * There is no undo log: an aborted store leaves the live map dirty and the provider drops it
  * ({@link SparkStateProvider#aborted}), so the next store reloads its version from the worker,
  * where every committed version is durable. A delete in the change log may name a key that was
@@ -36,7 +40,11 @@ final class SparkStateStore implements StateStore {
   private final SparkStateProvider provider;
   private final StateMap map;
   private final long version;
-  /** Linked: commit encodes in insertion (= allocation) order, which is much kinder to caches. */
+  /** Typed rows: the change log, encoded as the batch runs (null until the first change). */
+  private TypedCodec.Encoder log;
+  private KeyFingerprints changedKeys;
+  private final long expectedChanges;
+  /** Opaque rows: the change log. Linked: commit encodes in insertion (= allocation) order, kinder to caches. */
   private final LinkedHashMap<UnsafeRow, UnsafeRow> changes;
   private volatile State state = State.UPDATING;
   private boolean commitSent;
@@ -53,7 +61,11 @@ final class SparkStateStore implements StateStore {
     this.provider = provider;
     this.map = map;
     this.version = version;
-    this.changes = new LinkedHashMap<>((int) Math.max(16, Math.min(expectedChanges * 4 / 3 + 1, 1 << 29)));
+    this.expectedChanges = expectedChanges;
+    // -Dspark_state.encodeAtCommit: typed rows too keep a map encoded at commit (benchmarks A/B)
+    boolean logAsItHappens = provider.typedCodec() != null && !Boolean.getBoolean("spark_state.encodeAtCommit");
+    this.changes = logAsItHappens ? null
+        : new LinkedHashMap<>((int) Math.max(16, Math.min(expectedChanges * 4 / 3 + 1, 1 << 29)));
     this.loadTimeMs = loadTimeMs;
     this.restartsAtStart = restartsAtStart;
     TaskContext ctx = TaskContext.get();
@@ -62,6 +74,7 @@ final class SparkStateStore implements StateStore {
         if (state == State.UPDATING) {
           abort();
         }
+        closeLog();
       });
     }
   }
@@ -100,7 +113,7 @@ final class SparkStateStore implements StateStore {
     UnsafeRow k = key.copy();
     UnsafeRow v = value.copy();
     map.put(k, v);
-    changes.put(k, v);
+    logChange(k, v);
   }
 
   @Override
@@ -108,7 +121,23 @@ final class SparkStateStore implements StateStore {
     provider.checkColumnFamily(colFamilyName);
     checkUpdating("remove");
     if (map.remove(key) != null) {
-      changes.put(key.copy(), null);
+      logChange(changes == null ? key : key.copy(), null);
+    }
+  }
+
+  private void logChange(UnsafeRow key, UnsafeRow value) {
+    if (changes != null) {
+      changes.put(key, value);
+      return;
+    }
+    try {
+      if (log == null) {
+        log = provider.typedCodec().newEncoder((int) Math.min(expectedChanges, Integer.MAX_VALUE), provider.hasher());
+        changedKeys = new KeyFingerprints(expectedChanges);
+      }
+      changedKeys.add(log.add(key, value), key);
+    } catch (java.io.IOException e) {
+      throw new java.io.UncheckedIOException("spark_state: cannot encode a change of " + this, e);
     }
   }
 
@@ -118,12 +147,19 @@ final class SparkStateStore implements StateStore {
     long newVersion = version + 1;
     long t0 = System.nanoTime();
     commitSent = true;
-    com.fasterxml.jackson.databind.JsonNode reply = provider.commitChanges(map, newVersion, changes);
+    long changed = changes != null ? changes.size() : log == null ? 0 : log.rows();
+    com.fasterxml.jackson.databind.JsonNode reply = changes != null
+        ? provider.commitChanges(map, newVersion, changes)
+        : provider.commitLog(map, newVersion, log, changedKeys != null && changedKeys.repeated());
+    log = null;
+    changedKeys = null;
     commitTimeMs = (System.nanoTime() - t0) / 1_000_000L;
     bytesWritten = reply.path("bytes").asLong(0);
-    provider.committed(this, newVersion, reply.path("commitId").asText(null), changes.size());
+    provider.committed(this, newVersion, reply.path("commitId").asText(null), changed);
     state = State.COMMITTED;
-    changes.clear();
+    if (changes != null) {
+      changes.clear();
+    }
     return newVersion;
   }
 
@@ -133,6 +169,7 @@ final class SparkStateStore implements StateStore {
       provider.aborted(this, commitSent);
     }
     state = State.ABORTED;
+    closeLog();
   }
 
   /**
@@ -145,6 +182,18 @@ final class SparkStateStore implements StateStore {
     }
     state = State.ABORTED;
     return true;
+  }
+
+  /**
+   * Frees the change log's Arrow memory (an aborted or failed batch). Only on the task's thread (abort,
+   * task completion): {@link #markAborted} runs on another task's thread while this one may still append.
+   */
+  private void closeLog() {
+    if (log != null) {
+      log.close();
+      log = null;
+      changedKeys = null;
+    }
   }
 
   @Override

@@ -4,7 +4,10 @@ import java.io.IOException;
 import java.util.Iterator;
 import java.util.Map;
 
+import org.apache.arrow.vector.FieldVector;
+import org.apache.arrow.vector.IntVector;
 import org.apache.arrow.vector.VectorSchemaRoot;
+import org.apache.arrow.vector.complex.StructVector;
 import org.apache.arrow.vector.ipc.ArrowStreamWriter;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
 import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
@@ -27,8 +30,19 @@ final class TypedCodec {
   static final String TIME_ZONE = "UTC";
 
   private final StructType rowType;
+  private final StructType keySchema;
+  private final StructType valueSchema;
+  /**
+   * Rows of flat schemas are written by {@link FlatStructWriter}, others by ArrowWriter. The system
+   * property {@code spark_state.arrowWriterOnly} forces ArrowWriter (tests compare both; benchmarks A/B).
+   */
+  private final boolean flat;
 
   private TypedCodec(StructType keySchema, StructType valueSchema) {
+    this.keySchema = keySchema;
+    this.valueSchema = valueSchema;
+    this.flat = !Boolean.getBoolean("spark_state.arrowWriterOnly")
+        && FlatStructWriter.supports(keySchema) && FlatStructWriter.supports(valueSchema);
     this.rowType = DataTypes.createStructType(new StructField[] {
         DataTypes.createStructField("kg", DataTypes.IntegerType, true),
         DataTypes.createStructField("hash", DataTypes.IntegerType, true),
@@ -58,46 +72,139 @@ final class TypedCodec {
     return ArrowWriter.create(rowType, TIME_ZONE, false, false);
   }
 
+  /** Whether rows are written by {@link FlatStructWriter} (else by Spark's ArrowWriter). */
+  boolean flat() {
+    return flat;
+  }
+
   /** Encodes rows (key to value, null value = delete) as one Arrow stream of typed batches. */
   ArrowCodec.Body encode(Iterator<Map.Entry<UnsafeRow, UnsafeRow>> rows, int expected, KeyHasher hasher)
       throws IOException {
-    ArrowCodec.Body bytes = new ArrowCodec.Body(Math.max(1024, Math.min(expected, 1 << 22) * 48));
-    ArrowWriter arrow = newWriter();
-    VectorSchemaRoot root = arrow.root();
-    try (ArrowStreamWriter writer = new ArrowStreamWriter(root, null, bytes)) {
-      writer.start();
-      GenericInternalRow row = new GenericInternalRow(4);
-      int n = 0;
-      long batchBytes = 0;
+    try (Encoder encoder = newEncoder(expected, hasher)) {
       while (rows.hasNext()) {
         Map.Entry<UnsafeRow, UnsafeRow> e = rows.next();
-        UnsafeRow k = e.getKey();
-        UnsafeRow v = e.getValue();
-        int h = hasher.hash(k);
+        encoder.add(e.getKey(), e.getValue());
+      }
+      return encoder.finish();
+    }
+  }
+
+  /** An open stream to append rows to, one at a time ({@code expected}: a guess of the row count). */
+  Encoder newEncoder(int expected, KeyHasher hasher) throws IOException {
+    return new Encoder(expected, hasher);
+  }
+
+  /**
+   * An Arrow stream of typed rows being written: rows go into the vectors as they are added, each
+   * full batch into the stream's bytes. Flat schemas are written by {@link FlatStructWriter} into
+   * the vectors ArrowWriter created (so the schema is Spark's), others by ArrowWriter itself.
+   * Holds Arrow memory until {@link #finish} or {@link #close}.
+   */
+  final class Encoder implements AutoCloseable {
+    private final KeyHasher hasher;
+    private final ArrowCodec.Body bytes;
+    private final ArrowWriter arrow;
+    private final VectorSchemaRoot root;
+    private final ArrowStreamWriter writer;
+    private final IntVector kg;
+    private final IntVector hash;
+    private final FlatStructWriter key;
+    private final FlatStructWriter value;
+    private final GenericInternalRow row = new GenericInternalRow(4);
+    private int n;
+    private long batchBytes;
+    private long rows;
+    private boolean closed;
+
+    private Encoder(int expected, KeyHasher hasher) throws IOException {
+      this.hasher = hasher;
+      this.bytes = new ArrowCodec.Body(Math.max(1024, Math.min(expected, 1 << 22) * 48));
+      this.arrow = newWriter();
+      this.root = arrow.root();
+      try {
+        this.writer = new ArrowStreamWriter(root, null, bytes);
+        this.kg = (IntVector) root.getVector("kg");
+        this.hash = (IntVector) root.getVector("hash");
+        this.key = flat ? new FlatStructWriter(keySchema, (StructVector) root.getVector("key")) : null;
+        this.value = flat ? new FlatStructWriter(valueSchema, (StructVector) root.getVector("value")) : null;
+        writer.start();
+      } catch (IOException | RuntimeException e) {
+        root.close();
+        throw e;
+      }
+    }
+
+    /** Appends a row (null value = delete); returns the key's hash. */
+    int add(UnsafeRow k, UnsafeRow v) throws IOException {
+      int h = hasher.hash(k);
+      if (flat) {
+        kg.setSafe(n, hasher.keyGroup(h));
+        hash.setSafe(n, h);
+        key.write(n, k);
+        value.write(n, v);
+      } else {
         row.update(0, hasher.keyGroup(h));
         row.update(1, h);
         row.update(2, k);
         row.update(3, v);
         arrow.write(row);
-        n++;
-        batchBytes += k.getSizeInBytes() + (v == null ? 0 : v.getSizeInBytes());
-        if (n == ArrowCodec.BATCH_ROWS || batchBytes >= ArrowCodec.BATCH_BYTES) {
-          arrow.finish();
-          writer.writeBatch();
-          arrow.reset();
-          n = 0;
-          batchBytes = 0;
-        }
       }
-      if (n > 0) {
+      n++;
+      rows++;
+      batchBytes += k.getSizeInBytes() + (v == null ? 0 : v.getSizeInBytes());
+      if (n == ArrowCodec.BATCH_ROWS || batchBytes >= ArrowCodec.BATCH_BYTES) {
+        flush();
+      }
+      return h;
+    }
+
+    /** Rows added so far. */
+    long rows() {
+      return rows;
+    }
+
+    private void flush() throws IOException {
+      if (flat) {
+        root.setRowCount(n);
+        writer.writeBatch();
+        resetVectors(root);
+      } else {
         arrow.finish();
         writer.writeBatch();
+        arrow.reset();
       }
-      writer.end();
-    } finally {
-      root.close();
+      n = 0;
+      batchBytes = 0;
     }
-    return bytes;
+
+    /** Writes the last batch and the end of the stream, frees the vectors and returns the bytes. */
+    ArrowCodec.Body finish() throws IOException {
+      try {
+        if (n > 0) {
+          flush();
+        }
+        writer.end();
+      } finally {
+        close();
+      }
+      return bytes;
+    }
+
+    @Override
+    public void close() {
+      if (!closed) {
+        closed = true;
+        root.close();
+      }
+    }
+  }
+
+  /** What ArrowWriter.reset does: empties every vector, keeping its buffers. */
+  private static void resetVectors(VectorSchemaRoot root) {
+    root.setRowCount(0);
+    for (FieldVector v : root.getFieldVectors()) {
+      v.reset();
+    }
   }
 
   /** Decodes one batch of a typed state stream; rows with a null value are skipped. */
