@@ -20,7 +20,7 @@ import org.apache.spark.unsafe.types.UTF8String;
  * Drives a StateMap (arena-backed) from stdin for tests/test_state_map.py, one command a line, byte
  * strings in hex ("-" is the empty string):
  * <pre>
- *   reset                 → OK        (a new, empty map)
+ *   reset N               → OK N      (a new, empty map)
  *   put K V               → old value or NULL
  *   get K                 → value or NULL (the row is kept: see "held")
  *   remove K              → old value or NULL
@@ -96,7 +96,7 @@ public class ArenaProbe {
           map = new StateMap(0, null, 0, KEY.fields().length, VALUE.fields().length);
           held.clear();
           heldText.clear();
-          out.println("OK");
+          out.println("OK " + a[1]);
           break;
         case "put":
           out.println(showOrNull(map.put(key(a[1]), value(a[2]))));

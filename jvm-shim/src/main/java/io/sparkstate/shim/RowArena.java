@@ -151,7 +151,8 @@ final class RowArena {
     }
     return new Iterator<UnsafeRowPair>() {
       private int pos;
-      private UnsafeRowPair next = advance();
+      /** Found by hasNext, not ahead of it: a key removed before hasNext is asked is not returned. */
+      private UnsafeRowPair next;
 
       private UnsafeRowPair advance() {
         synchronized (RowArena.this) {
@@ -176,16 +177,19 @@ final class RowArena {
 
       @Override
       public boolean hasNext() {
+        if (next == null) {
+          next = advance();
+        }
         return next != null;
       }
 
       @Override
       public UnsafeRowPair next() {
-        if (next == null) {
+        if (!hasNext()) {
           throw new NoSuchElementException();
         }
         UnsafeRowPair r = next;
-        next = advance();
+        next = null;
         return r;
       }
     };
