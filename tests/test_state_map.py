@@ -123,7 +123,7 @@ def iterate(probe: Probe, model: dict, acts: list) -> None:
         assert visits.count(k) == 1, (k, visits)
 
 
-@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(ops, max_size=120))
 def test_the_arena_map_behaves_as_a_dict(probe, script):
     probe.reset()
