@@ -146,7 +146,7 @@ final class ArrowCodec {
     return bytes;
   }
 
-  /** Receives the rows of a decoded state stream. */
+  /** Receives the rows of a decoded state stream: reused buffers, valid until the next row (copy what you keep). */
   interface RowSink {
     void accept(UnsafeRow key, UnsafeRow value);
   }
@@ -176,18 +176,19 @@ final class ArrowCodec {
       }
       VarBinaryVector key = (VarBinaryVector) root.getVector("key");
       VarBinaryVector value = (VarBinaryVector) root.getVector("value");
+      UnsafeRow k = new UnsafeRow(keyFields);
+      UnsafeRow v = new UnsafeRow(valueFields);
       while (reader.loadNextBatch()) {
         int n = root.getRowCount();
+        long keyData = key.getDataBuffer().memoryAddress();
+        long valueData = value.getDataBuffer().memoryAddress();
         for (int i = 0; i < n; i++) {
           if (value.isNull(i)) {
             continue;
           }
-          byte[] kb = key.get(i);
-          byte[] vb = value.get(i);
-          UnsafeRow k = new UnsafeRow(keyFields);
-          k.pointTo(kb, kb.length);
-          UnsafeRow v = new UnsafeRow(valueFields);
-          v.pointTo(vb, vb.length);
+          // Rows over the batch's Arrow buffers, no copy: the sink copies what it keeps.
+          k.pointTo(null, keyData + key.getStartOffset(i), key.getValueLength(i));
+          v.pointTo(null, valueData + value.getStartOffset(i), value.getValueLength(i));
           sink.accept(k, v);
         }
       }

@@ -334,7 +334,7 @@ public class SparkStateProvider implements StateStoreProvider {
       }
       StateMap m = newMap(version, reply.path("rows").asLong(0));
       m.commitId = reply.path("commitId").asText(null);
-      m.opaque = !ArrowCodec.decodeState(body, keySchema, valueSchema, m::put);
+      m.opaque = !ArrowCodec.decodeState(body, keySchema, valueSchema, m::load);
       return m;
     });
     if (map != null) {
@@ -346,7 +346,7 @@ public class SparkStateProvider implements StateStoreProvider {
 
   private StateMap newMap(long version, long expectedRows) {
     return new StateMap(version, numColsPrefixKey > 0 ? new PrefixIndex(keySchema, numColsPrefixKey) : null,
-        expectedRows);
+        expectedRows, keySchema.fields().length, valueSchema.fields().length);
   }
 
   /**
@@ -368,9 +368,9 @@ public class SparkStateProvider implements StateStoreProvider {
     ArrowCodec.Body body;
     try {
       if (typed == null) {
-        body = ArrowCodec.encodeChanges(full ? map.rows : changes, hasher);
+        body = ArrowCodec.encodeChanges(full ? map.asMap() : changes, hasher);
       } else if (full) {
-        body = typed.encode(map.rows.entrySet().iterator(), map.size(), hasher);
+        body = typed.encode(map.asMap().entrySet().iterator(), map.size(), hasher);
       } else {
         body = typed.encode(changes.entrySet().iterator(), changes.size(), hasher);
       }

@@ -1,5 +1,7 @@
 package io.sparkstate.shim;
 
+import java.util.AbstractMap;
+import java.util.AbstractSet;
 import java.util.Iterator;
 import java.util.Map;
 import java.util.NoSuchElementException;
@@ -10,15 +12,18 @@ import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.execution.streaming.state.UnsafeRowPair;
 
 /**
- * One version of a partition's state in the JVM: key → value (rows owned by the map), the prefix
- * index when the store scans by prefix, and a running size estimate. A ConcurrentHashMap because
- * Spark removes keys while it iterates (watermark eviction, session merging).
+ * One version of a partition's state in the JVM: key → value, and a running size estimate. Rows live in
+ * a {@link RowArena} (no objects per row). Stores that scan by prefix (session windows) keep a
+ * ConcurrentHashMap of rows the map owns and the prefix index on it (Spark removes keys while it
+ * iterates: watermark eviction, session merging).
  */
 final class StateMap {
   /** Rough per-entry overhead of the map, the two UnsafeRow objects and their arrays. */
   private static final long ENTRY_OVERHEAD = 112;
 
-  final ConcurrentHashMap<UnsafeRow, UnsafeRow> rows;
+  /** Null when the rows are in {@link #arena}. */
+  private final ConcurrentHashMap<UnsafeRow, UnsafeRow> rows;
+  private final RowArena arena;
   private final PrefixIndex prefix;
   private long bytes;
   long version;
@@ -31,26 +36,50 @@ final class StateMap {
   boolean opaque;
 
   /** {@code expectedRows}: how many keys the map will hold (sizes the table once, no rehashing). */
-  StateMap(long version, PrefixIndex prefix, long expectedRows) {
+  StateMap(long version, PrefixIndex prefix, long expectedRows, int keyFields, int valueFields) {
     this.version = version;
     this.prefix = prefix;
-    this.rows = new ConcurrentHashMap<>((int) Math.max(16, Math.min(expectedRows, 1 << 29)));
+    if (prefix == null) {
+      this.rows = null;
+      this.arena = new RowArena(keyFields, valueFields, expectedRows);
+    } else {
+      this.rows = new ConcurrentHashMap<>((int) Math.max(16, Math.min(expectedRows, 1 << 29)));
+      this.arena = null;
+    }
   }
 
   int size() {
-    return rows.size();
+    return arena != null ? arena.size() : rows.size();
   }
 
   long bytes() {
-    return bytes;
+    return arena != null ? arena.bytes() : bytes;
   }
 
   UnsafeRow get(UnsafeRow key) {
-    return rows.get(key);
+    return arena != null ? arena.get(key) : rows.get(key);
   }
 
-  /** Puts rows the map owns (already copied); returns the previous value or null. */
+  /**
+   * Puts a decoded row whose buffers the decoder reuses: the arena copies the bytes in, the map of
+   * owned rows takes copies.
+   */
+  void load(UnsafeRow key, UnsafeRow value) {
+    if (arena != null) {
+      arena.put(key, value);
+    } else {
+      put(key.copy(), value.copy());
+    }
+  }
+
+  /**
+   * Puts rows the caller no longer changes (already copied); returns the previous value or null. The
+   * arena copies their bytes; the map of owned rows keeps them.
+   */
   UnsafeRow put(UnsafeRow key, UnsafeRow value) {
+    if (arena != null) {
+      return arena.put(key, value);
+    }
     UnsafeRow old = rows.put(key, value);
     if (old == null) {
       bytes += key.getSizeInBytes() + value.getSizeInBytes() + ENTRY_OVERHEAD;
@@ -65,6 +94,9 @@ final class StateMap {
 
   /** Removes a key; returns the previous value or null. */
   UnsafeRow remove(UnsafeRow key) {
+    if (arena != null) {
+      return arena.remove(key);
+    }
     UnsafeRow old = rows.remove(key);
     if (old != null) {
       bytes -= key.getSizeInBytes() + old.getSizeInBytes() + ENTRY_OVERHEAD;
@@ -76,6 +108,9 @@ final class StateMap {
   }
 
   Iterator<UnsafeRowPair> iterator() {
+    if (arena != null) {
+      return arena.iterator();
+    }
     Iterator<Map.Entry<UnsafeRow, UnsafeRow>> it = rows.entrySet().iterator();
     return new Iterator<UnsafeRowPair>() {
       @Override
@@ -87,6 +122,41 @@ final class StateMap {
       public UnsafeRowPair next() {
         Map.Entry<UnsafeRow, UnsafeRow> e = it.next();
         return new UnsafeRowPair(e.getKey(), e.getValue());
+      }
+    };
+  }
+
+  /** All rows as a read-only map view (size and entry iteration only), for a commit that ships them whole. */
+  Map<UnsafeRow, UnsafeRow> asMap() {
+    if (arena == null) {
+      return rows;
+    }
+    return new AbstractMap<UnsafeRow, UnsafeRow>() {
+      @Override
+      public Set<Map.Entry<UnsafeRow, UnsafeRow>> entrySet() {
+        return new AbstractSet<Map.Entry<UnsafeRow, UnsafeRow>>() {
+          @Override
+          public int size() {
+            return arena.size();
+          }
+
+          @Override
+          public Iterator<Map.Entry<UnsafeRow, UnsafeRow>> iterator() {
+            Iterator<UnsafeRowPair> it = arena.iterator();
+            return new Iterator<Map.Entry<UnsafeRow, UnsafeRow>>() {
+              @Override
+              public boolean hasNext() {
+                return it.hasNext();
+              }
+
+              @Override
+              public Map.Entry<UnsafeRow, UnsafeRow> next() {
+                UnsafeRowPair p = it.next();
+                return new AbstractMap.SimpleImmutableEntry<>(p.key(), p.value());
+              }
+            };
+          }
+        };
       }
     };
   }

@@ -207,7 +207,10 @@ final class TypedCodec {
     }
   }
 
-  /** Decodes one batch of a typed state stream; rows with a null value are skipped. */
+  /**
+   * Decodes one batch of a typed state stream; rows with a null value are skipped. The rows passed to
+   * the sink are the projections' buffers, valid until the next row (the sink copies what it keeps).
+   */
   static void decodeBatch(VectorSchemaRoot root, UnsafeProjection keyProjection, UnsafeProjection valueProjection,
       ArrowCodec.RowSink sink) {
     ArrowColumnVector key = new ArrowColumnVector(root.getVector("key"));
@@ -219,7 +222,7 @@ final class TypedCodec {
       }
       ColumnarRow k = key.getStruct(i);
       ColumnarRow v = value.getStruct(i);
-      sink.accept(keyProjection.apply(k).copy(), valueProjection.apply(v).copy());
+      sink.accept(keyProjection.apply(k), valueProjection.apply(v));
     }
   }
 
