@@ -392,7 +392,7 @@ public class SparkStateProvider implements StateStoreProvider {
         if (log != null) {
           log.close();
         }
-        body = full ? typed.encode(map.rows.entrySet().iterator(), map.size(), hasher)
+        body = full ? typed.encode(map.asMap().entrySet().iterator(), map.size(), hasher)
             : typed.encode(java.util.Collections.emptyIterator(), 0, hasher);
       } else {
         body = log.finish();

@@ -110,8 +110,11 @@ final class SparkStateStore implements StateStore {
       throw new IllegalArgumentException("spark_state: cannot put a null value");
     }
     checkUpdating("put");
-    UnsafeRow k = key.copy();
-    UnsafeRow v = value.copy();
+    // The arena copies the bytes and a typed change log encodes them at once: only a map or change
+    // map that keeps the row objects needs copies (Spark reuses its rows' buffers).
+    boolean keep = changes != null || !map.copiesRows();
+    UnsafeRow k = keep ? key.copy() : key;
+    UnsafeRow v = keep ? value.copy() : value;
     map.put(k, v);
     logChange(k, v);
   }

@@ -56,6 +56,11 @@ final class StateMap {
     return arena != null ? arena.bytes() : bytes;
   }
 
+  /** Whether {@link #put} copies the rows' bytes (the arena), so a caller need not copy them first. */
+  boolean copiesRows() {
+    return arena != null;
+  }
+
   UnsafeRow get(UnsafeRow key) {
     return arena != null ? arena.get(key) : rows.get(key);
   }
