@@ -32,7 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from benchmarks import jvm_bench, report
 from benchmarks.e2e import make_data, summarize
-from benchmarks.providers import all_providers, spark_state_status
+from benchmarks.providers import OURS, PEERS, all_providers, spark_state_status
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -342,8 +342,8 @@ def main(argv=None) -> int:
     if args.providers:
         wanted = set(args.providers.split(","))
         providers = [p for p in providers if p.name in wanted]
-    else:   # file format 1 is compared in benchmarks.typed_files, not in every run
-        providers = [p for p in providers if p.name not in ("spark_state_fs_f1", "spark_state_fs_cold")]
+    else:   # the A/B variants (file format 1, no prestart, ArrowWriter only, encode at commit) run on request
+        providers = [p for p in providers if p.name in PEERS + OURS]
     runner = Runner(args, profile, providers, shim_jar, console)
     runner.started = datetime.now().isoformat(timespec="seconds")
     runner.skipped.extend(skipped)

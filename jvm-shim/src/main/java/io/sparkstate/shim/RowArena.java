@@ -56,6 +56,8 @@ final class RowArena {
   private int removed;
   private long liveBytes;
   private long garbageBytes;
+  /** Bytes of the pages the current table holds (live records, garbage and unused tails). */
+  private long pageBytes;
 
   RowArena(int keyFields, int valueFields, long expectedRows) {
     this.keyFields = keyFields;
@@ -75,9 +77,12 @@ final class RowArena {
     return live;
   }
 
-  /** Bytes the live records and their slots take (garbage not counted: it is bounded by the live bytes). */
+  /**
+   * Bytes the pages and the slots take: what the map holds on the heap (garbage and the unused tail of
+   * the last page included; pages only rows handed out still reference are not).
+   */
   synchronized long bytes() {
-    return liveBytes + (long) table.slots.length * 8;
+    return pageBytes + (long) table.slots.length * 8;
   }
 
   synchronized UnsafeRow get(UnsafeRow key) {
@@ -243,6 +248,7 @@ final class RowArena {
       table = new Table(slots, new byte[4][]);
       pageCount = 0;
       used = 0;
+      pageBytes = 0;
       liveBytes = 0;
       garbageBytes = 0;
     } else {
@@ -355,6 +361,7 @@ final class RowArena {
       table.pages = Arrays.copyOf(table.pages, pageCount * 2);
     }
     table.pages[pageCount++] = new byte[(int) size];
+    pageBytes += size;
     used = n;
     return 0;
   }

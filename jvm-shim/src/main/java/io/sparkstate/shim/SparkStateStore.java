@@ -55,13 +55,19 @@ final class SparkStateStore implements StateStore {
   private long commitTimeMs;
   private long bytesWritten;
 
+  /**
+   * Sizing hint for the change log: at most this many rows, so one huge batch does not make every
+   * following batch allocate for its size (the log grows past it when needed).
+   */
+  private static final long MAX_EXPECTED_CHANGES = 1 << 20;
+
   /** {@code expectedChanges}: a guess of the batch's changed keys (sizes the change log). */
   SparkStateStore(SparkStateProvider provider, StateMap map, long version, long loadTimeMs, long restartsAtStart,
       long expectedChanges) {
     this.provider = provider;
     this.map = map;
     this.version = version;
-    this.expectedChanges = expectedChanges;
+    this.expectedChanges = Math.min(expectedChanges, MAX_EXPECTED_CHANGES);
     // -Dspark_state.encodeAtCommit: typed rows too keep a map encoded at commit (benchmarks A/B)
     boolean logAsItHappens = provider.typedCodec() != null && !Boolean.getBoolean("spark_state.encodeAtCommit");
     this.changes = logAsItHappens ? null
