@@ -6,7 +6,6 @@ ArrowWriter produces: random rows of random flat key/value schemas are encoded b
 from __future__ import annotations
 
 import math
-import shutil
 import subprocess
 
 import pyarrow as pa
@@ -14,6 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import types as T
+
+from tests.jvm_probes import probe_command
 
 # Spark type, Arrow type of the probe's input, strategy of a value (the raw int for dates and timestamps).
 FLAT = {
@@ -95,20 +96,8 @@ def columns(table: pa.Table) -> dict:
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
     """One JVM running tests/jvm/EncoderProbe.java against the shim jar built from this tree."""
-    from pathlib import Path
-
-    from spark_state import shim
-
-    if shutil.which("javac") is None:
-        pytest.skip("needs a JDK 17")
-    classes = tmp_path_factory.mktemp("probe")
-    cp = f"{shim.shim_jar()}:{shim.spark_jars_dir() / '*'}"
-    src = Path(__file__).parent / "jvm" / "EncoderProbe.java"
-    subprocess.run(["javac", "-nowarn", "-d", str(classes), "-cp", cp, str(src)], check=True, capture_output=True)
-    opens = ["--add-opens=java.base/java.nio=ALL-UNNAMED", "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED",
-             "--add-opens=java.base/java.lang=ALL-UNNAMED", "-Dio.netty.tryReflectionSetAccessible=true"]
-    proc = subprocess.Popen(["java", "-Xmx512m", *opens, "-cp", f"{classes}:{cp}", "io.sparkstate.shim.EncoderProbe"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    cmd = probe_command("EncoderProbe.java", "io.sparkstate.shim.EncoderProbe", tmp_path_factory.mktemp("probe"))
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
     def call(*fields: str) -> str:
         proc.stdin.write("\t".join(fields) + "\n")
@@ -167,20 +156,9 @@ def test_a_batch_changing_keys_twice_commits_each_keys_last_change(tmp_path):
     worker) holds each key's last change, and each file (the first version's snapshot, the second's delta)
     holds one row per key. Runs tests/jvm/ChangeLogProbe.java (a provider, no Spark session)."""
     import sys
-    from pathlib import Path
 
-    from spark_state import shim
-
-    if shutil.which("javac") is None:
-        pytest.skip("needs a JDK 17")
-    cp = f"{shim.shim_jar()}:{shim.spark_jars_dir() / '*'}"
-    src = Path(__file__).parent / "jvm" / "ChangeLogProbe.java"
-    subprocess.run(["javac", "-nowarn", "-d", str(tmp_path), "-cp", cp, str(src)], check=True, capture_output=True)
-    opens = ["--add-opens=java.base/java.nio=ALL-UNNAMED", "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED",
-             "--add-opens=java.base/java.lang=ALL-UNNAMED", "--add-opens=java.base/java.util=ALL-UNNAMED",
-             "-Dio.netty.tryReflectionSetAccessible=true"]
-    out = subprocess.run(["java", "-Xmx512m", *opens, "-cp", f"{tmp_path}:{cp}", "ChangeLogProbe",
-                          str(tmp_path / "ckpt"), sys.executable], capture_output=True, text=True, timeout=240)
+    cmd = probe_command("ChangeLogProbe.java", "ChangeLogProbe", tmp_path)
+    out = subprocess.run([*cmd, str(tmp_path / "ckpt"), sys.executable], capture_output=True, text=True, timeout=240)
     lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.startswith(("LIVE ", "LOADED ")))
     expected = "1=12/v12,2=21/v21,5=51/v51"
     assert lines.get("LIVE") == expected and lines.get("LOADED") == expected, (out.stdout, out.stderr[-3000:])

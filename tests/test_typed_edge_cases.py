@@ -176,21 +176,11 @@ def test_a_store_holding_a_variant_commits(tmp_path):
     """TypedCodec.forSchemas decides typed vs opaque by creating an ArrowWriter for the schemas (no row): a
     value holding a VariantType must then encode too (it does on Spark 4.3; a check, not a defect). Runs
     tests/jvm/VariantProbe.java (a JVM of a few seconds, no Spark session)."""
-    import shutil
     import subprocess
-    from pathlib import Path
 
-    from spark_state import shim
+    from tests.jvm_probes import probe_command
 
-    if shutil.which("javac") is None:
-        pytest.skip("needs a JDK 17")
-    jar = shim.shim_jar()
-    cp = f"{jar}:{shim.spark_jars_dir() / '*'}"
-    src = Path(__file__).parent / "jvm" / "VariantProbe.java"
-    subprocess.run(["javac", "-nowarn", "-d", str(tmp_path), "-cp", cp, str(src)], check=True, capture_output=True)
-    opens = ["--add-opens=java.base/java.nio=ALL-UNNAMED", "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED",
-             "--add-opens=java.base/java.lang=ALL-UNNAMED", "-Dio.netty.tryReflectionSetAccessible=true"]
-    out = subprocess.run(["java", "-Xmx512m", *opens, "-cp", f"{tmp_path}:{cp}", "io.sparkstate.shim.VariantProbe"],
-                         capture_output=True, text=True, timeout=240)
+    cmd = probe_command("VariantProbe.java", "io.sparkstate.shim.VariantProbe", tmp_path)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     result = [line for line in out.stdout.splitlines() if line.startswith(("OK", "OPAQUE", "FAILED"))]
     assert result and result[-1] in ("OK", "OPAQUE"), (result, out.stderr[-2000:])

@@ -29,13 +29,16 @@ import org.apache.spark.unsafe.types.UTF8String;
  *                           "." nothing, "r" remove that key, "u:V" put that key with V,
  *                           "d:K" remove K, "p:K:V" put K with V
  *   held                  → OK, or BAD and the first row handed out by get whose bytes changed since
+ *   race KEYS OPS         → OK, or BAD and what went wrong: one thread puts and removes OPS times over
+ *                           KEYS keys while two others get and iterate (see {@link #race})
  * </pre>
  */
 public class ArenaProbe {
   static final StructType KEY = new StructType().add("k", DataTypes.StringType, false);
   static final StructType VALUE = new StructType().add("v", DataTypes.StringType, false).add("n", DataTypes.LongType, false);
-  static final UnsafeProjection KEYS = UnsafeProjection.create(KEY);
-  static final UnsafeProjection VALUES = UnsafeProjection.create(VALUE);
+  /** Per thread: a projection reuses its output row (the race command builds rows on three threads). */
+  static final ThreadLocal<UnsafeProjection> KEYS = ThreadLocal.withInitial(() -> UnsafeProjection.create(KEY));
+  static final ThreadLocal<UnsafeProjection> VALUES = ThreadLocal.withInitial(() -> UnsafeProjection.create(VALUE));
 
   static byte[] unhex(String s) {
     if (s.equals("-")) {
@@ -60,12 +63,12 @@ public class ArenaProbe {
   }
 
   static UnsafeRow key(String h) {
-    return KEYS.apply(new GenericInternalRow(new Object[] {UTF8String.fromBytes(unhex(h))})).copy();
+    return KEYS.get().apply(new GenericInternalRow(new Object[] {UTF8String.fromBytes(unhex(h))})).copy();
   }
 
   static UnsafeRow value(String h) {
     byte[] b = unhex(h);
-    return VALUES.apply(new GenericInternalRow(new Object[] {UTF8String.fromBytes(b), (long) b.length})).copy();
+    return VALUES.get().apply(new GenericInternalRow(new Object[] {UTF8String.fromBytes(b), (long) b.length})).copy();
   }
 
   static String show(UnsafeRow row) {
@@ -149,10 +152,122 @@ public class ArenaProbe {
           out.println(bad == null ? "OK" : "BAD " + bad);
           break;
         }
+        case "race":
+          out.println(race(Integer.parseInt(a[1]), Integer.parseInt(a[2])));
+          break;
         default:
           out.println("ERROR unknown command " + a[0]);
       }
       out.flush();
+    }
+  }
+
+  /**
+   * A write store's thread changing the map while read stores of other tasks read it: one writer puts
+   * (values "key#counter", growing and compacting the arena) and removes, except {@link #PINNED} keys it
+   * only updates; two readers get (a pinned key must always be found) and iterate.
+   * Every row a reader sees must be whole and belong to its key, rows it keeps must never change, and
+   * at the end the map must hold exactly what the writer's own model says.
+   */
+  static final int PINNED = 100;
+
+  static String race(int keys, int ops) throws Exception {
+    StateMap map = new StateMap(0, null, 0, KEY.fields().length, VALUE.fields().length);
+    java.util.Map<String, String> model = new java.util.HashMap<>();
+    java.util.concurrent.atomic.AtomicReference<String> bad = new java.util.concurrent.atomic.AtomicReference<>();
+    java.util.concurrent.atomic.AtomicBoolean done = new java.util.concurrent.atomic.AtomicBoolean();
+    java.util.concurrent.atomic.AtomicLong reads = new java.util.concurrent.atomic.AtomicLong();
+    for (int j = 0; j < PINNED; j++) {   // keys that are updated but never removed: a get must find them
+      String k = hex(("p" + j).getBytes(StandardCharsets.UTF_8));
+      String v = hex(("p" + j + "#start").getBytes(StandardCharsets.UTF_8));
+      map.put(key(k), value(v));
+      model.put(k, v);
+    }
+    Thread writer = new Thread(() -> {
+      java.util.Random rnd = new java.util.Random(7);
+      for (int i = 0; i < ops && bad.get() == null; i++) {
+        boolean pinned = rnd.nextInt(4) == 0;
+        String text = pinned ? "p" + rnd.nextInt(PINNED) : "k" + rnd.nextInt(keys);
+        String k = hex(text.getBytes(StandardCharsets.UTF_8));
+        if (!pinned && rnd.nextInt(4) == 0) {
+          map.remove(key(k));
+          model.remove(k);
+        } else {
+          String v = hex((text + "#" + i + "x".repeat(rnd.nextInt(40))).getBytes(StandardCharsets.UTF_8));
+          map.put(key(k), value(v));
+          model.put(k, v);
+        }
+      }
+      done.set(true);
+    });
+    Runnable reader = () -> {
+      java.util.Random rnd = new java.util.Random(Thread.currentThread().getId());
+      List<UnsafeRow> kept = new ArrayList<>();
+      List<String> keptText = new ArrayList<>();
+      try {
+        while (!done.get() && bad.get() == null) {
+          if (rnd.nextInt(50) == 0) {
+            Iterator<UnsafeRowPair> it = map.iterator();
+            while (it.hasNext()) {
+              UnsafeRowPair p = it.next();
+              check(show(p.key()), p.value(), bad);
+              reads.incrementAndGet();
+            }
+          } else {
+            boolean pinned = rnd.nextBoolean();
+            String k = hex(((pinned ? "p" : "k") + rnd.nextInt(pinned ? PINNED : keys)).getBytes(StandardCharsets.UTF_8));
+            UnsafeRow v = map.get(key(k));
+            if (v == null && pinned) {
+              bad.compareAndSet(null, "a key never removed was not found: " + k);
+            } else if (v != null) {
+              check(k, v, bad);
+              if (kept.size() < 10000) {
+                kept.add(v);
+                keptText.add(show(v));
+              }
+            }
+            reads.incrementAndGet();
+          }
+        }
+        for (int j = 0; j < kept.size(); j++) {
+          if (!show(kept.get(j)).equals(keptText.get(j))) {
+            bad.compareAndSet(null, "a kept row changed: " + keptText.get(j) + " became " + show(kept.get(j)));
+          }
+        }
+      } catch (RuntimeException e) {
+        bad.compareAndSet(null, e.toString());
+      }
+    };
+    Thread r1 = new Thread(reader);
+    Thread r2 = new Thread(reader);
+    r1.start();
+    r2.start();
+    writer.start();
+    writer.join();
+    r1.join();
+    r2.join();
+    if (bad.get() != null) {
+      return "BAD " + bad.get();
+    }
+    java.util.Map<String, String> seen = new java.util.HashMap<>();
+    Iterator<UnsafeRowPair> it = map.iterator();
+    while (it.hasNext()) {
+      UnsafeRowPair p = it.next();
+      if (seen.put(show(p.key()), showOrNull(p.value())) != null) {
+        return "BAD key visited twice: " + show(p.key());
+      }
+    }
+    if (!seen.equals(model) || map.size() != model.size()) {
+      return "BAD the map differs from the writer's model: " + seen.size() + " vs " + model.size() + " keys";
+    }
+    return "OK " + reads.get();
+  }
+
+  /** A value must be whole (its length field matches) and written for this key. */
+  static void check(String key, UnsafeRow value, java.util.concurrent.atomic.AtomicReference<String> bad) {
+    String v = showOrNull(value);
+    if (v.equals("CORRUPT") || !v.startsWith(key + hex("#".getBytes(StandardCharsets.UTF_8)))) {
+      bad.compareAndSet(null, "key " + key + " read " + v);
     }
   }
 }
