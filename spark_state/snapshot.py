@@ -7,10 +7,10 @@ A file is three parts, all little-endian, nothing pickled::
              columns (if any, one per column), then the rows sorted by key
              group, cut into record batches that hold whole key-group runs (a
              key group bigger than the batch target gets batches of its own),
-             then the end-of-stream marker. Typed *deltas* written since
-             spark_state 0.3 keep the rows in the order the shim sent them
-             (no gather by key group on the commit path: ~30% of a delta's
-             encode) in batches of ~the target size.
+             then the end-of-stream marker. Typed *deltas* keep the rows in
+             the order the shim sent them (no gather by key group on the
+             commit path: ~30% of a delta's encode) in batches of ~the
+             target size.
     index    an Arrow IPC stream of BATCH_INDEX_SCHEMA (typed files): one
              row per batch, its byte range, CRC-32, rows and the smallest and
              largest key group it holds; or of INDEX_SCHEMA (opaque files, and typed
@@ -93,9 +93,9 @@ INDEX_SCHEMA = pa.schema([
 #: batch's key groups are the range [first_kg, last_kg]; a subset read takes the batches whose range holds a
 #: wanted group and keeps their rows whose derived key group is wanted. A delta in arrival order records each
 #: batch's smallest and largest key group: the same read is exact for it too (it takes more batches, but a
-#: partition's key groups are strided, kg mod N, so it takes nearly all of a delta's batches in any order). Per-(key group, batch) rows
-#: (INDEX_SCHEMA) cost ~2.5 bytes per row of a delta, where nearly every row has a key group of its own
-#: (100k changed rows, 100,800 key groups): 11% of the file; a row per batch costs nothing.
+#: partition's key groups are strided, kg mod N, so it takes nearly all of a delta's batches in any order).
+#: Per-(key group, batch) rows (INDEX_SCHEMA) cost ~2.5 bytes per row of a delta, where nearly every row has a
+#: key group of its own (100k changed rows, 100,800 key groups): 11% of the file; a row per batch costs nothing.
 BATCH_INDEX_SCHEMA = pa.schema([
     ("first_kg", pa.int32()),
     ("last_kg", pa.int32()),

@@ -44,12 +44,14 @@ final class FlatStructWriter {
   private static final int BOOLEAN = 0;
   private static final int BYTE = 1;
   private static final int SHORT = 2;
-  private static final int INT = 3;       // int and date (days)
-  private static final int LONG = 4;      // long, timestamp and timestamp_ntz (microseconds)
-  private static final int FLOAT = 5;
-  private static final int DOUBLE = 6;
-  private static final int STRING = 7;
-  private static final int BINARY = 8;
+  private static final int INT = 3;
+  private static final int DATE = 4;       // days
+  private static final int LONG = 5;
+  private static final int TIMESTAMP = 6;  // timestamp and timestamp_ntz (microseconds)
+  private static final int FLOAT = 7;
+  private static final int DOUBLE = 8;
+  private static final int STRING = 9;
+  private static final int BINARY = 10;
 
   private final StructVector struct;
   private final int[] kinds;
@@ -91,10 +93,14 @@ final class FlatStructWriter {
       return BYTE;
     } else if (t instanceof ShortType) {
       return SHORT;
-    } else if (t instanceof IntegerType || t instanceof DateType) {
+    } else if (t instanceof IntegerType) {
       return INT;
-    } else if (t instanceof LongType || t instanceof TimestampType || t instanceof TimestampNTZType) {
+    } else if (t instanceof DateType) {
+      return DATE;
+    } else if (t instanceof LongType) {
       return LONG;
+    } else if (t instanceof TimestampType || t instanceof TimestampNTZType) {
+      return TIMESTAMP;
     } else if (t instanceof FloatType) {
       return FLOAT;
     } else if (t instanceof DoubleType) {
@@ -114,8 +120,10 @@ final class FlatStructWriter {
       case BOOLEAN: ok = v instanceof BitVector; break;
       case BYTE: ok = v instanceof TinyIntVector; break;
       case SHORT: ok = v instanceof SmallIntVector; break;
-      case INT: ok = v instanceof IntVector || v instanceof DateDayVector; break;
-      case LONG: ok = v instanceof BigIntVector || v instanceof TimeStampVector; break;
+      case INT: ok = v instanceof IntVector; break;
+      case DATE: ok = v instanceof DateDayVector; break;
+      case LONG: ok = v instanceof BigIntVector; break;
+      case TIMESTAMP: ok = v instanceof TimeStampVector; break;
       case FLOAT: ok = v instanceof Float4Vector; break;
       case DOUBLE: ok = v instanceof Float8Vector; break;
       case STRING: ok = v instanceof VarCharVector; break;
@@ -146,20 +154,10 @@ final class FlatStructWriter {
         case BOOLEAN: ((BitVector) c).setSafe(i, row.getBoolean(f) ? 1 : 0); break;
         case BYTE: ((TinyIntVector) c).setSafe(i, row.getByte(f)); break;
         case SHORT: ((SmallIntVector) c).setSafe(i, row.getShort(f)); break;
-        case INT:
-          if (c instanceof IntVector) {
-            ((IntVector) c).setSafe(i, row.getInt(f));
-          } else {
-            ((DateDayVector) c).setSafe(i, row.getInt(f));
-          }
-          break;
-        case LONG:
-          if (c instanceof BigIntVector) {
-            ((BigIntVector) c).setSafe(i, row.getLong(f));
-          } else {
-            ((TimeStampVector) c).setSafe(i, row.getLong(f));
-          }
-          break;
+        case INT: ((IntVector) c).setSafe(i, row.getInt(f)); break;
+        case DATE: ((DateDayVector) c).setSafe(i, row.getInt(f)); break;
+        case LONG: ((BigIntVector) c).setSafe(i, row.getLong(f)); break;
+        case TIMESTAMP: ((TimeStampVector) c).setSafe(i, row.getLong(f)); break;
         case FLOAT: ((Float4Vector) c).setSafe(i, row.getFloat(f)); break;
         case DOUBLE: ((Float8Vector) c).setSafe(i, row.getDouble(f)); break;
         case STRING: {

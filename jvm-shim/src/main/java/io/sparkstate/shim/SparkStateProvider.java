@@ -349,10 +349,6 @@ public class SparkStateProvider implements StateStoreProvider {
         expectedRows, keySchema.fields().length, valueSchema.fields().length);
   }
 
-  /**
-   * Ships a change log as version {@code newVersion}, built on the commit {@code map} holds (the
-   * worker refuses it if storage holds another); returns the reply (bytes written, the new commit id).
-   */
   /** The codec of typed rows, or null when this provider ships opaque rows (file format 1). */
   TypedCodec typedCodec() {
     return typed;
@@ -362,7 +358,11 @@ public class SparkStateProvider implements StateStoreProvider {
     return hasher;
   }
 
-  /** Ships a change map (opaque rows: key to new value, null = delete), or the whole map (see {@link #isFull}). */
+  /**
+   * Ships a change map (key to new value, null = delete), or the whole map (see {@link #isFull}), as
+   * version {@code newVersion}, built on the commit {@code map} holds (the worker refuses it if storage
+   * holds another); returns the reply (bytes written, the new commit id).
+   */
   JsonNode commitChanges(StateMap map, long newVersion, Map<UnsafeRow, UnsafeRow> changes) {
     boolean full = isFull(map);
     ArrowCodec.Body body;
