@@ -39,6 +39,10 @@ class StorageError(SparkStateError):
     """A storage URL or backend the plugin cannot use."""
 
 
+class StoreDeleted(StorageError):
+    """A store's directory was deleted while background work (compaction) wanted to write into it."""
+
+
 class StaleState(SparkStateError):
     """A commit built on a version that storage no longer holds (another task attempt re-committed it)."""
 
@@ -50,5 +54,5 @@ class ProtocolError(SparkStateError):
 __all__ = [
     "SparkStateError", "OptionError", "VersionNotFound", "ChecksumMismatch",
     "StateTooLarge", "StateLost", "MaxParallelismChanged", "FormatVersionError",
-    "StorageError", "StaleState", "ProtocolError",
+    "StorageError", "StoreDeleted", "StaleState", "ProtocolError",
 ]

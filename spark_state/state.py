@@ -46,6 +46,7 @@ import pyarrow.compute as pc
 
 from spark_state import snapshot
 from spark_state.errors import (ProtocolError, SparkStateError, StaleState, StateTooLarge, StorageError,
+                                StoreDeleted,
                                 VersionNotFound)
 from spark_state.faults import fault
 from spark_state.keygroups import (
@@ -637,7 +638,12 @@ class VersionedStore:
             state = merge_chain([self._read(entry, None) for entry in chain])
             encoded = snapshot.encode(state, self.settings.compression_level, sorted_by_kg=True)
             path = self.storage.new_file_path(version, SNAPSHOT)
-            self.storage.write_file(path, encoded.data)
+            try:
+                self.storage.write_file(path, encoded.data, recreate=False)
+            except StoreDeleted as err:   # a stopped query's checkpoint deleted by its user: leave it deleted
+                path = None
+                log.info("compaction of %s version %d skipped: %s", self.name, version, err)
+                return
             fault("compaction-after-snapshot")
             entry = _entry(path, SNAPSHOT, version, encoded)
             with self._lock:

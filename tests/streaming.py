@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import signal
 import time
 from contextlib import contextmanager
@@ -268,6 +269,27 @@ def read_state(spark: SparkSession, checkpoint: Path, **options: Any) -> list:
     for key, value in options.items():
         reader = reader.option(key, str(value))
     return sort_rows(reader.load(str(checkpoint)).collect())
+
+
+def rm_rf(path: Path, timeout: float = 30.0) -> None:
+    """``rm -rf`` of a stopped query's checkpoint (or part of it), as its user would run it.
+
+    ``query.stop()`` does not wait for executors' background maintenance (Spark's own providers
+    neither): a compaction already running may still write one file while the tree is removed
+    (rmtree then fails with "Directory not empty") and retention may delete one rmtree listed.
+    Compaction never re-creates a deleted store (tests/test_state.py), so removing again ends.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            shutil.rmtree(path)
+            return
+        except OSError:   # a file written, or one deleted by retention, under rmtree's feet
+            if not Path(path).exists():
+                return
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def store_root(checkpoint: Path, operator: int = 0, partition: int = 0, store_name: str = "default") -> Path:

@@ -6,7 +6,6 @@ bad input fails clearly and writes nothing."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,7 @@ from spark_state.references import REFS_DIR
 from spark_state.sparklog import CheckpointError
 from tests.lifecycle import cli, cli_json, finished_checkpoint
 from tests.scenarios import SCENARIOS
-from tests.streaming import JsonStream, Query, Twin, read_state
+from tests.streaming import JsonStream, Query, Twin, read_state, rm_rf
 
 SHUFFLE = "spark.sql.shuffle.partitions"
 
@@ -147,8 +146,8 @@ def test_applyinpandaswithstate_timeouts_survive_a_rescale_to_a_count_that_divid
     # A savepoint and a restore of the rescaled batch are self-contained.
     restored = tmp_path / "restored"
     restore(savepoint(str(ckpt), str(tmp_path / "sp")), str(restored))
-    shutil.rmtree(ckpt / "state" / "0" / "0" / "shared")   # the restored copy needs nothing of the source
-    shutil.rmtree(ckpt / "state" / "0" / "1" / "shared")
+    rm_rf(ckpt / "state" / "0" / "0" / "shared")   # the restored copy needs nothing of the source
+    rm_rf(ckpt / "state" / "0" / "1" / "shared")
     replay = finished.query_on(restored)
     assert replay.run() == [3, 4, 5]
     assert [replay.outputs[b] for b in (3, 4, 5)] == [original.outputs[b] for b in (2, 3, 4)]

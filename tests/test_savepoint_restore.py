@@ -16,7 +16,7 @@ from spark_state.lifecycle import read_savepoint, restore, savepoint
 from spark_state.options import PREFIX
 from spark_state.sparklog import CheckpointError
 from tests.lifecycle import finished_checkpoint, scenario_twin
-from tests.streaming import Query, sql_conf
+from tests.streaming import Query, rm_rf, sql_conf
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +43,7 @@ def test_savepoint_survives_deleting_its_checkpoint_and_the_restored_query_resum
     def savepoint_delete_restore(twin):
         before = _query_id(twin.test.checkpoint)
         url = savepoint(str(twin.test.checkpoint), str(tmp_path / "savepoints"))
-        shutil.rmtree(twin.test.checkpoint)
+        rm_rf(twin.test.checkpoint)
         assert Path(url.removeprefix("file://")).name.startswith(f"savepoint-{before.replace('-', '')[:6]}-")
         result = restore(url, str(restored))
         assert result.batch == twin.test.run_ends[-1] and result.source_query_id == before

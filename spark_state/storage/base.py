@@ -111,8 +111,13 @@ class CheckpointStorage(ABC):
         """Prepares the location of version N (chk-N/) where the backend needs directories."""
 
     @abstractmethod
-    def write_file(self, path: str, data: bytes) -> None:
-        """Writes one complete data file; it is invisible until a manifest names it."""
+    def write_file(self, path: str, data: bytes, *, recreate: bool = True) -> None:
+        """Writes one complete data file; it is invisible until a manifest names it.
+
+        ``recreate=False`` is for background work (compaction): where the store's directory was
+        deleted (a stopped query's checkpoint removed by its user), raise StoreDeleted rather than
+        bring the directory back, so a deleted checkpoint stays deleted.
+        """
 
     @abstractmethod
     def commit_record(self, version: int, name: str, data: bytes) -> None:

@@ -26,7 +26,7 @@ from typing import Iterable, Sequence
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from spark_state.errors import StorageError
+from spark_state.errors import StorageError, StoreDeleted
 from spark_state.storage.base import MANIFEST_NAME, CheckpointStorage, record_path, version_dir_of
 
 log = logging.getLogger(__name__)
@@ -72,11 +72,12 @@ class FileSystemCheckpointStorage(CheckpointStorage):
                 _fsync_dir(os.path.dirname(directory))
             self._made_dirs.add(directory)
 
-    def _write_local(self, full: str, data) -> None:
-        """Writes one local file; a directory deleted behind our back is made again once."""
+    def _write_local(self, full: str, data, recreate: bool = True) -> None:
+        """Writes one local file; a directory deleted behind our back is made again once (``recreate``)."""
         directory = os.path.dirname(full)
         for attempt in (1, 2):
-            self._makedirs(directory)
+            if recreate or os.path.isdir(self._base):   # a store that never wrote a file has no shared/ yet
+                self._makedirs(directory)
             try:
                 with open(full, "wb") as f:
                     f.write(data)
@@ -86,6 +87,8 @@ class FileSystemCheckpointStorage(CheckpointStorage):
                 return
             except FileNotFoundError:
                 self._made_dirs.discard(directory)
+                if not recreate and not os.path.isdir(self._base):
+                    raise StoreDeleted(f"{self._base} no longer exists: the checkpoint was deleted") from None
                 if attempt == 2:
                     raise
 
@@ -95,10 +98,10 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         if self._local:
             self._makedirs(self._full(f"chk-{version}"))
 
-    def write_file(self, path: str, data: bytes) -> None:
+    def write_file(self, path: str, data: bytes, *, recreate: bool = True) -> None:
         full = self._full(path)
         if self._local:
-            self._write_local(full, data)
+            self._write_local(full, data, recreate)
             if self.fsync:
                 _fsync_dir(os.path.dirname(full))
         else:

@@ -57,7 +57,7 @@ class MemoryCheckpointStorage(CheckpointStorage):
 
     # ------------------------------------------------------------- writing
 
-    def write_file(self, path: str, data: bytes) -> None:
+    def write_file(self, path: str, data: bytes, *, recreate: bool = True) -> None:
         if len(data) > self.max_state_size:
             version = file_version(path)
             raise StateTooLarge(

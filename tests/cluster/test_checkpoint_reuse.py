@@ -9,14 +9,12 @@ higher versions still sit (same or a new application).
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from tests.cluster.child_app import run_child
 from tests.cluster.running_totals import RunningTotals
 from tests.cluster.stores import check_versions_load, stored_totals
-from tests.streaming import sort_rows
+from tests.streaming import rm_rf, sort_rows
 
 
 def _timelines(cluster, tmp_path, options, first_batches=5, second_fails=(1,)):
@@ -32,7 +30,7 @@ def _timelines(cluster, tmp_path, options, first_batches=5, second_fails=(1,)):
     first.add(first_batches)
     first.run()
     first.assert_exact()
-    shutil.rmtree(ckpt)
+    rm_rf(ckpt)
     return RunningTotals(cluster, tmp_path / "second", seed=42, checkpoint=ckpt, options=options,
                          fail_batches=second_fails)
 
