@@ -15,7 +15,7 @@ from typing import Callable
 
 from tests.conftest import ROOT
 from tests.scenarios import SCENARIOS
-from tests.streaming import JsonStream, Query, Twin
+from tests.streaming import JsonStream, Query, Twin, wait_until_settled
 from tests.test_apply_in_pandas_with_state import PHASES, SCHEMA, build_query
 
 _FINISHED: dict = {}
@@ -51,6 +51,7 @@ def finished_checkpoint(spark, tmp_path_factory) -> Finished:
             events.add(rows)
         query = Query(spark, build_query(events, "EventTimeTimeout", "update"), base / "ckpt", mode="update")
         query.run()
+        wait_until_settled(query.checkpoint)   # tests copy it file by file; the last maintenance run first
         _FINISHED["finished"] = Finished(query, events)
     return _FINISHED["finished"]
 

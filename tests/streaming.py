@@ -292,6 +292,33 @@ def rm_rf(path: Path, timeout: float = 30.0) -> None:
             time.sleep(0.2)
 
 
+def wait_until_settled(path: Path, quiet: float = 3.0, timeout: float = 60.0) -> None:
+    """Returns once no file under `path` appeared, vanished or changed size for `quiet` seconds.
+
+    After ``query.stop()`` one background maintenance run per store (compaction, retention) may still
+    be under way; a test that copies or inspects a stopped query's checkpoint file by file waits for it
+    (``quiet`` is above the tests' 2 s maintenance interval).
+    """
+    def listing():
+        out = {}
+        for p in Path(path).rglob("*"):
+            try:
+                out[str(p)] = p.stat().st_size
+            except FileNotFoundError:
+                pass
+        return out
+
+    deadline = time.monotonic() + timeout
+    last, since = listing(), time.monotonic()
+    while time.monotonic() - since < quiet:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"files under {path} still changing after {timeout:.0f} s")
+        time.sleep(0.5)
+        now = listing()
+        if now != last:
+            last, since = now, time.monotonic()
+
+
 def store_root(checkpoint: Path, operator: int = 0, partition: int = 0, store_name: str = "default") -> Path:
     """Spark's state directory of one store: ``<ckpt>/state/<op>/<partition>[/<storeName>]``."""
     root = Path(checkpoint) / "state" / str(operator) / str(partition)
