@@ -637,6 +637,8 @@ class VersionedStore:
         try:
             state = merge_chain([self._read(entry, None) for entry in chain])
             encoded = snapshot.encode(state, self.settings.compression_level, sorted_by_kg=True)
+            if not self._still_current(version, manifest):   # every backend; object stores have no directories
+                return
             path = self.storage.new_file_path(version, SNAPSHOT)
             try:
                 self.storage.write_file(path, encoded.data, recreate=False)
@@ -647,13 +649,16 @@ class VersionedStore:
             fault("compaction-after-snapshot")
             entry = _entry(path, SNAPSHOT, version, encoded)
             with self._lock:
-                current = self._read_manifest(version)
-                if current.commit_id != manifest.commit_id:
-                    log.info("compaction of %s version %d skipped: the version was re-committed meanwhile",
-                             self.name, version)
+                if not self._still_current(version, manifest):
                     self.storage.delete_files([path])
                     return
-                self.storage.commit_compaction(version, CompactionRecord(version, manifest.commit_id, entry).to_json())
+                try:
+                    self.storage.commit_compaction(version, CompactionRecord(version, manifest.commit_id,
+                                                                             entry).to_json())
+                except StoreDeleted as err:
+                    log.info("compaction of %s version %d skipped: %s", self.name, version, err)
+                    self.storage.delete_files([path])
+                    return
                 # the whole chain, slices of other stores' files included (manifest.paths is this store's files)
                 self._rebase = (tuple(f.ident for f in manifest.files), entry, version, time.monotonic())
                 self._deferred = None
@@ -665,6 +670,19 @@ class VersionedStore:
             raise
         finally:
             self._unpin(f.path for f in chain)
+
+    def _still_current(self, version: int, manifest: Manifest) -> bool:
+        """Whether storage still holds `manifest` as version N; a compaction of anything else is dropped quietly."""
+        try:
+            current = self._read_manifest(version)
+        except VersionNotFound:
+            log.info("compaction of %s version %d skipped: the version is gone (retention, or the checkpoint was "
+                     "deleted)", self.name, version)
+            return False
+        if current.commit_id != manifest.commit_id:
+            log.info("compaction of %s version %d skipped: the version was re-committed meanwhile", self.name, version)
+            return False
+        return True
 
     def _manifests(self, versions: list[int], stamps: dict[int, str]) -> dict[int, Manifest]:
         """Manifests of `versions`, re-read only where the listing stamp changed since they were cached."""

@@ -277,7 +277,8 @@ def rm_rf(path: Path, timeout: float = 30.0) -> None:
     ``query.stop()`` does not wait for executors' background maintenance (Spark's own providers
     neither): a compaction already running may still write one file while the tree is removed
     (rmtree then fails with "Directory not empty") and retention may delete one rmtree listed.
-    Compaction never re-creates a deleted store (tests/test_state.py), so removing again ends.
+    Removing again ends because compaction never re-creates a deleted store; this retry would hide
+    that regression, which tests/test_state.py and tests/test_storage.py check instead.
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -297,7 +298,8 @@ def wait_until_settled(path: Path, quiet: float = 3.0, timeout: float = 60.0) ->
 
     After ``query.stop()`` one background maintenance run per store (compaction, retention) may still
     be under way; a test that copies or inspects a stopped query's checkpoint file by file waits for it
-    (``quiet`` is above the tests' 2 s maintenance interval).
+    (``quiet`` is above the tests' 2 s maintenance interval; a compaction of these small test
+    checkpoints takes milliseconds, so a quiet spell means the run is over).
     """
     def listing():
         out = {}

@@ -319,35 +319,41 @@ def test_compaction_folds_chain_and_later_commits_build_on_it(fs_store):
     assert_files_of_kept_versions_exist(fs_store)
 
 
-def test_compaction_leaves_a_checkpoint_deleted_meanwhile_deleted(tmp_path, monkeypatch):
-    """A stopped query's checkpoint deleted (rm -rf) while its worker still compacts: the compaction gives up
-    quietly and nothing comes back on disk. Re-creating shared/ made the user's rm -rf fail ("Directory not
-    empty") and left a stray tree in the next run's checkpoint."""
+@pytest.mark.parametrize("deleted", ["checkpoint", "shared", "chk-3"])
+def test_compaction_leaves_a_checkpoint_deleted_meanwhile_deleted(tmp_path, monkeypatch, deleted):
+    """A stopped query's checkpoint (or part of it) deleted while its worker still compacts: the compaction
+    gives up quietly and nothing comes back on disk. Re-creating shared/ made the user's rm -rf fail
+    ("Directory not empty") and left a stray tree in the next run's checkpoint."""
     import spark_state.state as state_module
 
     root = tmp_path / "ckpt"
-    store = VersionedStore(FileSystemCheckpointStorage(f"file://{root}/state/0/1"),
+    store_dir = root / "state" / "0" / "1"
+    store = VersionedStore(FileSystemCheckpointStorage(f"file://{store_dir}"),
                            Settings(max_parallelism=M, snapshot_interval=2))
     for v in range(1, 4):
         store.commit(v, changes({KEYS[v]: b"%d" % v}))
+    victim = {"checkpoint": root, "shared": store_dir / "shared", "chk-3": store_dir / "chk-3"}[deleted]
+    before = {p for p in root.rglob("*") if not p.is_relative_to(victim)}
     merge = state_module.merge_chain
 
     def merge_then_delete(tables):
         out = merge(tables)
-        shutil.rmtree(root)          # the user, between the compaction's reads and its write
+        shutil.rmtree(victim)          # the user, between the compaction's reads and its write
         return out
 
     monkeypatch.setattr(state_module, "merge_chain", merge_then_delete)
     store.maintenance(2)
-    assert not root.exists(), sorted(str(p) for p in root.rglob("*"))
+    assert not victim.exists(), sorted(str(p) for p in victim.rglob("*"))
+    assert set(root.rglob("*")) <= before, "compaction wrote a file or directory (retention may delete)"
     assert store.maintenance_failures == 0 and store.maintenance_error is None
-    # A new timeline at the same path: commits make their directories again and compaction works there.
-    monkeypatch.setattr(state_module, "merge_chain", merge)
-    for v in range(1, 4):
-        store.commit(v, changes({KEYS[0]: b"new-%d" % v}))
-    store.maintenance(2)
-    assert store.storage.read_record(3, "_snapshot") is not None
-    assert as_dict(store.load(3)) == {KEYS[0]: b"new-3"}
+    if deleted == "checkpoint":
+        # A new timeline at the same path: commits make their directories again and compaction works there.
+        monkeypatch.setattr(state_module, "merge_chain", merge)
+        for v in range(1, 4):
+            store.commit(v, changes({KEYS[0]: b"new-%d" % v}))
+        store.maintenance(2)
+        assert store.storage.read_record(3, "_snapshot") is not None
+        assert as_dict(store.load(3)) == {KEYS[0]: b"new-3"}
 
 
 def test_maintenance_in_background_never_breaks_commits_or_loads(tmp_path):

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from spark_state.errors import StateLost, StateTooLarge, StorageError, VersionNotFound
+from spark_state.errors import StateLost, StateTooLarge, StorageError, StoreDeleted, VersionNotFound
 from spark_state.options import OptionError, Settings
 from spark_state.state import StoreRef
 from spark_state.storage import (
@@ -62,6 +62,35 @@ def test_local_layout_and_atomic_manifest(tmp_path):
     assert sorted(os.listdir(root)) == ["chk-1", "shared"]          # no taskowned/, no junk
     assert os.listdir(root / "chk-1") == ["_metadata"]             # no temp files left behind
     assert (root / "chk-1" / "_metadata").read_bytes() == b"two"
+
+
+def test_background_writes_never_bring_a_deleted_store_back(tmp_path):
+    """recreate=False (compaction): a store root that is gone stays gone, a directory seen before and gone
+    since is deleted, and only a store that never had shared/ gets it (without parents); commits re-create."""
+    import shutil
+
+    root = tmp_path / "ckpt" / "s"
+    fresh = FileSystemCheckpointStorage(f"file://{root}")
+    with pytest.raises(StoreDeleted, match="was deleted"):
+        fresh.write_file(fresh.new_file_path(1, "snapshot"), b"x", recreate=False)
+    assert not (tmp_path / "ckpt").exists()
+    root.mkdir(parents=True)
+    fresh.write_file(fresh.new_file_path(1, "snapshot"), b"x", recreate=False)   # never had shared/: made
+    assert sorted(os.listdir(root)) == ["shared"]
+
+    st = FileSystemCheckpointStorage(f"file://{root}")
+    st.write_file(st.new_file_path(2, "delta"), b"y")
+    st.commit_manifest(2, b"m")
+    shutil.rmtree(root / "shared")
+    with pytest.raises(StoreDeleted):
+        st.write_file(st.new_file_path(2, "snapshot"), b"z", recreate=False)
+    shutil.rmtree(root / "chk-2")
+    with pytest.raises(StoreDeleted):
+        st.commit_compaction(2, b"record")
+    assert os.listdir(root) == []
+    st.write_file(st.new_file_path(1, "snapshot"), b"new timeline")              # a commit re-creates
+    st.commit_manifest(1, b"m1")
+    assert sorted(os.listdir(root)) == ["chk-1", "shared"]
 
 
 def test_missing_data_file_is_a_clear_error(tmp_path):

@@ -116,19 +116,21 @@ class CheckpointStorage(ABC):
 
         ``recreate=False`` is for background work (compaction): where the store's directory was
         deleted (a stopped query's checkpoint removed by its user), raise StoreDeleted rather than
-        bring the directory back, so a deleted checkpoint stays deleted.
+        bring the directory back, so a deleted checkpoint stays deleted. Object stores have no
+        directories to bring back; there the caller's re-read of the manifest is the check.
         """
 
     @abstractmethod
-    def commit_record(self, version: int, name: str, data: bytes) -> None:
-        """Writes chk-N/<name> atomically (all or nothing), replacing a previous one."""
+    def commit_record(self, version: int, name: str, data: bytes, *, recreate: bool = True) -> None:
+        """Writes chk-N/<name> atomically (all or nothing), replacing a previous one (``recreate``: as write_file)."""
 
     def commit_manifest(self, version: int, data: bytes) -> None:
         """Writes chk-N/_metadata atomically, replacing a previous one: this makes N visible."""
         self.commit_record(version, MANIFEST_NAME, data)
 
     def commit_compaction(self, version: int, data: bytes) -> None:
-        self.commit_record(version, COMPACTION_NAME, data)
+        """Writes chk-N/_snapshot; background work, so it never re-creates a deleted chk-N/."""
+        self.commit_record(version, COMPACTION_NAME, data, recreate=False)
 
     # ------------------------------------------------------------- reading
 

@@ -73,10 +73,17 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             self._made_dirs.add(directory)
 
     def _write_local(self, full: str, data, recreate: bool = True) -> None:
-        """Writes one local file; a directory deleted behind our back is made again once (``recreate``)."""
+        """Writes one local file.
+
+        A commit (``recreate``) makes a directory deleted behind our back again, once: after a
+        checkpoint is deleted, the query started again at its path is a new timeline. Background
+        work (``recreate=False``) never brings a deleted store back: a directory this process saw is
+        gone means deleted (StoreDeleted); one it never saw is made without parents (a store that
+        never wrote a file has no shared/ yet; a store root that is gone stays gone).
+        """
         directory = os.path.dirname(full)
         for attempt in (1, 2):
-            if recreate or os.path.isdir(self._base):   # a store that never wrote a file has no shared/ yet
+            if recreate:
                 self._makedirs(directory)
             try:
                 with open(full, "wb") as f:
@@ -86,11 +93,31 @@ class FileSystemCheckpointStorage(CheckpointStorage):
                         os.fsync(f.fileno())
                 return
             except FileNotFoundError:
+                if not recreate:
+                    if attempt == 2 or directory in self._made_dirs:
+                        raise self._deleted(directory) from None
+                    self._mkdir(directory)
+                    continue
                 self._made_dirs.discard(directory)
-                if not recreate and not os.path.isdir(self._base):
-                    raise StoreDeleted(f"{self._base} no longer exists: the checkpoint was deleted") from None
                 if attempt == 2:
                     raise
+
+    def _mkdir(self, directory: str) -> None:
+        """One directory, never its parents."""
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            pass
+        except FileNotFoundError:
+            raise self._deleted(directory) from None
+        else:
+            if self.fsync:
+                _fsync_dir(os.path.dirname(directory))
+        self._made_dirs.add(directory)
+
+    def _deleted(self, directory: str) -> StoreDeleted:
+        return StoreDeleted(f"{directory} is gone: the checkpoint {self.root} was deleted; background work "
+                            f"of the query that used it does not bring it back")
 
     # ------------------------------------------------------------- writing
 
@@ -105,9 +132,16 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             if self.fsync:
                 _fsync_dir(os.path.dirname(full))
         else:
+            if not recreate:
+                self._check_store_exists()
             self.fs.pipe_file(full, bytes(data) if not isinstance(data, bytes) else data)
 
-    def commit_record(self, version: int, name: str, data: bytes) -> None:
+    def _check_store_exists(self) -> None:
+        """Other directory filesystems (HDFS, sftp, …) make parents on write: look before writing."""
+        if not self._object_store and not self.fs.isdir(self._base):
+            raise self._deleted(self._base)
+
+    def commit_record(self, version: int, name: str, data: bytes, *, recreate: bool = True) -> None:
         final = self._full(record_path(version, name))
         if self._object_store:
             self.fs.pipe_file(final, data)
@@ -115,12 +149,17 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         tmp = f"{final}.tmp-{secrets.token_hex(6)}"
         try:
             if self._local:
-                self._write_local(tmp, data)
+                if not recreate and not os.path.isdir(os.path.dirname(final)):
+                    raise self._deleted(os.path.dirname(final))   # chk-N/ held the manifest: deleted since
+                self._write_local(tmp, data, recreate)
                 os.replace(tmp, final)
                 if self.fsync:
                     _fsync_dir(os.path.dirname(final))
             else:
-                self.fs.makedirs(os.path.dirname(final), exist_ok=True)
+                if recreate:
+                    self.fs.makedirs(os.path.dirname(final), exist_ok=True)
+                elif not self.fs.isdir(os.path.dirname(final)):
+                    raise self._deleted(os.path.dirname(final))
                 self.fs.pipe_file(tmp, data)
                 self._rename_over(tmp, final)
         except BaseException:

@@ -68,7 +68,7 @@ class MemoryCheckpointStorage(CheckpointStorage):
             )
         self._files[path] = bytes(data)
 
-    def commit_record(self, version: int, name: str, data: bytes) -> None:
+    def commit_record(self, version: int, name: str, data: bytes, *, recreate: bool = True) -> None:
         if self.metadata is not None and name == MANIFEST_NAME:
             self.metadata.commit_manifest(version, data)   # durable first: visible here => known there
         self._files[record_path(version, name)] = bytes(data)
