@@ -59,7 +59,7 @@ from spark_state.references import referenced_elsewhere
 from spark_state.rowkeys import last_per_key, last_write_mask
 from spark_state.snapshot import CHANGES_SCHEMA
 from spark_state.storage import CheckpointStorage, resolve_root, storage_for
-from spark_state.storage.base import file_version, manifest_path, record_path
+from spark_state.storage.base import COMPACTION_NAME, file_version, manifest_path, record_path
 
 log = logging.getLogger(__name__)
 
@@ -644,7 +644,7 @@ class VersionedStore:
                 self.storage.write_file(path, encoded.data, recreate=False)
             except StoreDeleted as err:   # a stopped query's checkpoint deleted by its user: leave it deleted
                 path = None
-                log.info("compaction of %s version %d skipped: %s", self.name, version, err)
+                log.warning("compaction of %s version %d skipped: %s", self.name, version, err)
                 return
             fault("compaction-after-snapshot")
             entry = _entry(path, SNAPSHOT, version, encoded)
@@ -656,7 +656,7 @@ class VersionedStore:
                     self.storage.commit_compaction(version, CompactionRecord(version, manifest.commit_id,
                                                                              entry).to_json())
                 except StoreDeleted as err:
-                    log.info("compaction of %s version %d skipped: %s", self.name, version, err)
+                    log.warning("compaction of %s version %d skipped: %s", self.name, version, err)
                     self.storage.delete_files([path])
                     return
                 # the whole chain, slices of other stores' files included (manifest.paths is this store's files)
@@ -665,11 +665,25 @@ class VersionedStore:
             log.info("compacted %s version %d: %d deltas -> snapshot of %d rows (%d bytes)", self.name, version,
                      manifest.deltas_since_snapshot, encoded.rows, encoded.size)
         except BaseException:
-            if path is not None and (self._rebase is None or self._rebase[1].path != path):
+            if (path is not None and (self._rebase is None or self._rebase[1].path != path)
+                    and not self._record_names(version, path)):
                 self.storage.delete_files([path])   # ours, and no record names it
             raise
         finally:
             self._unpin(f.path for f in chain)
+
+    def _record_names(self, version: int, path: str) -> bool:
+        """Whether version N's compaction record names `path` (or cannot be read: then keep the file).
+
+        A record can be visible although writing it raised (the directory's fsync after the rename
+        failed); deleting the snapshot it names would make version N unreadable. A kept file nobody
+        names is an orphan that retention collects.
+        """
+        try:
+            data = self.storage.read_record(version, COMPACTION_NAME)
+            return data is not None and CompactionRecord.from_json(data, path).snapshot.path == path
+        except Exception:  # noqa: BLE001 - unknown means keep
+            return True
 
     def _still_current(self, version: int, manifest: Manifest) -> bool:
         """Whether storage still holds `manifest` as version N; a compaction of anything else is dropped quietly."""

@@ -356,6 +356,33 @@ def test_compaction_leaves_a_checkpoint_deleted_meanwhile_deleted(tmp_path, monk
         assert as_dict(store.load(3)) == {KEYS[0]: b"new-3"}
 
 
+def test_a_compaction_record_that_became_visible_keeps_its_snapshot_when_the_write_then_fails(tmp_path, monkeypatch):
+    """The record's rename landed but the directory's fsync raised: the compaction fails, yet the snapshot the
+    visible record names must stay, or version N could no longer be read."""
+    import spark_state.storage.filesystem as filesystem
+
+    store = VersionedStore(FileSystemCheckpointStorage(f"file://{tmp_path}/s"),
+                           Settings(max_parallelism=M, snapshot_interval=2))
+    for v in range(1, 4):
+        store.commit(v, changes({KEYS[v]: b"%d" % v}))
+    fsync_dir = filesystem._fsync_dir
+
+    def failing_after_the_record(directory):
+        if directory.endswith("chk-3") and (tmp_path / "s" / "chk-3" / "_snapshot").exists():
+            raise OSError(5, "Input/output error")
+        fsync_dir(directory)
+
+    monkeypatch.setattr(filesystem, "_fsync_dir", failing_after_the_record)
+    store.maintenance(2)
+    monkeypatch.setattr(filesystem, "_fsync_dir", fsync_dir)
+    assert store.maintenance_failures == 1 and "Input/output error" in store.maintenance_error
+    record = CompactionRecord.from_json(store.storage.read_record(3, "_snapshot"), "3")
+    assert record.snapshot.path in store.storage.list_files()
+    forget_stores()
+    fresh = VersionedStore(FileSystemCheckpointStorage(f"file://{tmp_path}/s"), Settings(max_parallelism=M))
+    assert as_dict(fresh.load(3)) == {KEYS[1]: b"1", KEYS[2]: b"2", KEYS[3]: b"3"}
+
+
 def test_maintenance_in_background_never_breaks_commits_or_loads(tmp_path):
     store = VersionedStore(FileSystemCheckpointStorage(f"file://{tmp_path}/s"),
                            Settings(max_parallelism=M, snapshot_interval=2))

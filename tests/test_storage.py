@@ -92,6 +92,14 @@ def test_background_writes_never_bring_a_deleted_store_back(tmp_path):
     st.commit_manifest(1, b"m1")
     assert sorted(os.listdir(root)) == ["chk-1", "shared"]
 
+    # Another process (a restarted worker) that only compacts: a directory it wrote into counts as seen.
+    other = FileSystemCheckpointStorage(f"file://{root}")
+    other.write_file(other.new_file_path(1, "snapshot"), b"compacted", recreate=False)
+    shutil.rmtree(root / "shared")
+    with pytest.raises(StoreDeleted):
+        other.write_file(other.new_file_path(1, "snapshot"), b"again", recreate=False)
+    assert sorted(os.listdir(root)) == ["chk-1"]
+
 
 def test_missing_data_file_is_a_clear_error(tmp_path):
     st = FileSystemCheckpointStorage(f"file://{tmp_path}/s")

@@ -73,34 +73,46 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             self._made_dirs.add(directory)
 
     def _write_local(self, full: str, data, recreate: bool = True) -> None:
-        """Writes one local file.
+        """Writes one local data file.
 
         A commit (``recreate``) makes a directory deleted behind our back again, once: after a
         checkpoint is deleted, the query started again at its path is a new timeline. Background
-        work (``recreate=False``) never brings a deleted store back: a directory this process saw is
-        gone means deleted (StoreDeleted); one it never saw is made without parents (a store that
-        never wrote a file has no shared/ yet; a store root that is gone stays gone).
+        work (``recreate=False``) never brings a deleted store back: a directory this process saw
+        (made, or wrote into) and is gone now was deleted (StoreDeleted); one it never saw is made
+        without parents (a store that never wrote a file has no shared/ yet; a store root that is
+        gone stays gone).
         """
         directory = os.path.dirname(full)
-        for attempt in (1, 2):
-            if recreate:
-                self._makedirs(directory)
+        if not recreate:
             try:
-                with open(full, "wb") as f:
-                    f.write(data)
-                    if self.fsync:
-                        f.flush()
-                        os.fsync(f.fileno())
+                self._write_bytes(full, data)
+            except FileNotFoundError:
+                if directory in self._made_dirs:
+                    raise self._deleted(directory) from None
+                self._mkdir(directory)
+                try:
+                    self._write_bytes(full, data)
+                except FileNotFoundError:
+                    raise self._deleted(directory) from None
+            self._made_dirs.add(directory)
+            return
+        for attempt in (1, 2):
+            self._makedirs(directory)
+            try:
+                self._write_bytes(full, data)
                 return
             except FileNotFoundError:
-                if not recreate:
-                    if attempt == 2 or directory in self._made_dirs:
-                        raise self._deleted(directory) from None
-                    self._mkdir(directory)
-                    continue
                 self._made_dirs.discard(directory)
                 if attempt == 2:
                     raise
+
+    def _write_bytes(self, full: str, data) -> None:
+        """One file's bytes, on the disk before it returns (``fsync``); makes no directory."""
+        with open(full, "wb") as f:
+            f.write(data)
+            if self.fsync:
+                f.flush()
+                os.fsync(f.fileno())
 
     def _mkdir(self, directory: str) -> None:
         """One directory, never its parents."""
@@ -149,10 +161,19 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         tmp = f"{final}.tmp-{secrets.token_hex(6)}"
         try:
             if self._local:
-                if not recreate and not os.path.isdir(os.path.dirname(final)):
-                    raise self._deleted(os.path.dirname(final))   # chk-N/ held the manifest: deleted since
-                self._write_local(tmp, data, recreate)
-                os.replace(tmp, final)
+                if recreate:
+                    self._write_local(tmp, data)
+                else:   # chk-N/ held the manifest: a missing one was deleted since, never made again
+                    try:
+                        self._write_bytes(tmp, data)
+                    except FileNotFoundError:
+                        raise self._deleted(os.path.dirname(final)) from None
+                try:
+                    os.replace(tmp, final)
+                except FileNotFoundError:
+                    if recreate:
+                        raise
+                    raise self._deleted(os.path.dirname(final)) from None
                 if self.fsync:
                     _fsync_dir(os.path.dirname(final))
             else:
