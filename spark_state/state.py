@@ -59,7 +59,7 @@ from spark_state.references import referenced_elsewhere
 from spark_state.rowkeys import last_per_key, last_write_mask
 from spark_state.snapshot import CHANGES_SCHEMA
 from spark_state.storage import CheckpointStorage, resolve_root, storage_for
-from spark_state.storage.base import COMPACTION_NAME, file_version, manifest_path, record_path
+from spark_state.storage.base import COMPACTION_NAME, MANIFEST_NAME, file_version, manifest_path, record_path
 
 log = logging.getLogger(__name__)
 
@@ -402,7 +402,8 @@ class VersionedStore:
                 self._check_deadline(version, started)
                 self.storage.commit_manifest(version, body)
             except BaseException:
-                self._discard(version, [path])
+                if not self._still_named(version, path):
+                    self._discard(version, [path])
                 raise
             fault("commit-after-manifest")
             self._remember(manifest, None)
@@ -666,20 +667,24 @@ class VersionedStore:
                      manifest.deltas_since_snapshot, encoded.rows, encoded.size)
         except BaseException:
             if (path is not None and (self._rebase is None or self._rebase[1].path != path)
-                    and not self._record_names(version, path)):
+                    and not self._still_named(version, path)):
                 self.storage.delete_files([path])   # ours, and no record names it
             raise
         finally:
             self._unpin(f.path for f in chain)
 
-    def _record_names(self, version: int, path: str) -> bool:
-        """Whether version N's compaction record names `path` (or cannot be read: then keep the file).
+    def _still_named(self, version: int, path: str) -> bool:
+        """Whether storage's manifest or compaction record of version N names `path` (unreadable: assume so).
 
         A record can be visible although writing it raised (the directory's fsync after the rename
-        failed); deleting the snapshot it names would make version N unreadable. A kept file nobody
-        names is an orphan that retention collects.
+        failed; an object store's PUT that landed but whose reply was lost). Deleting the file it
+        names would leave version N unreadable, and a concurrent attempt of the same batch may have
+        made N Spark's committed version. A kept file nobody names is an orphan retention collects.
         """
         try:
+            data = self.storage.read_record(version, MANIFEST_NAME)
+            if data is not None and path in self._parse_manifest(version, data).paths:
+                return True
             data = self.storage.read_record(version, COMPACTION_NAME)
             return data is not None and CompactionRecord.from_json(data, path).snapshot.path == path
         except Exception:  # noqa: BLE001 - unknown means keep

@@ -383,6 +383,32 @@ def test_a_compaction_record_that_became_visible_keeps_its_snapshot_when_the_wri
     assert as_dict(fresh.load(3)) == {KEYS[1]: b"1", KEYS[2]: b"2", KEYS[3]: b"3"}
 
 
+def test_a_manifest_that_became_visible_keeps_its_files_when_the_commit_then_fails(tmp_path, monkeypatch):
+    """commit_manifest's rename landed but the directory's fsync raised: the commit fails (Spark retries the
+    task), yet the data file the visible manifest names must stay: a concurrent attempt of the same batch may
+    have made this version the one Spark committed. The retry's re-commit replaces the manifest cleanly."""
+    import spark_state.storage.filesystem as filesystem
+
+    store = VersionedStore(FileSystemCheckpointStorage(f"file://{tmp_path}/s"), Settings(max_parallelism=M))
+    store.commit(1, changes({KEYS[1]: b"1"}))
+    fsync_dir = filesystem._fsync_dir
+
+    def failing_after_the_manifest(directory):
+        if directory.endswith("chk-2") and (tmp_path / "s" / "chk-2" / "_metadata").exists():
+            raise OSError(5, "Input/output error")
+        fsync_dir(directory)
+
+    monkeypatch.setattr(filesystem, "_fsync_dir", failing_after_the_manifest)
+    with pytest.raises(OSError, match="Input/output error"):
+        store.commit(2, changes({KEYS[2]: b"2"}))
+    monkeypatch.setattr(filesystem, "_fsync_dir", fsync_dir)
+    forget_stores()
+    fresh = VersionedStore(FileSystemCheckpointStorage(f"file://{tmp_path}/s"), Settings(max_parallelism=M))
+    assert as_dict(fresh.load(2)) == {KEYS[1]: b"1", KEYS[2]: b"2"}
+    fresh.commit(2, changes({KEYS[2]: b"retried"}))
+    assert as_dict(fresh.load(2)) == {KEYS[1]: b"1", KEYS[2]: b"retried"}
+
+
 def test_maintenance_in_background_never_breaks_commits_or_loads(tmp_path):
     store = VersionedStore(FileSystemCheckpointStorage(f"file://{tmp_path}/s"),
                            Settings(max_parallelism=M, snapshot_interval=2))
