@@ -59,7 +59,7 @@ from spark_state.references import referenced_elsewhere
 from spark_state.rowkeys import last_per_key, last_write_mask
 from spark_state.snapshot import CHANGES_SCHEMA
 from spark_state.storage import CheckpointStorage, resolve_root, storage_for
-from spark_state.storage.base import COMPACTION_NAME, MANIFEST_NAME, file_version, manifest_path, record_path
+from spark_state.storage.base import file_version, manifest_path, record_path
 
 log = logging.getLogger(__name__)
 
@@ -396,13 +396,18 @@ class VersionedStore:
             manifest = Manifest(version, self.settings.max_parallelism, chain + (_entry(path, kind, version, encoded),),
                                 rows=encoded.rows if kind == SNAPSHOT else None, query_id=self.query_id)
             body = manifest.to_json()
+            manifest_sent = False
             try:
                 self.storage.write_file(path, encoded.data)
                 fault("commit-after-data")
                 self._check_deadline(version, started)
+                manifest_sent = True
                 self.storage.commit_manifest(version, body)
             except BaseException:
-                if not self._still_named(version, path):
+                # A manifest write that raised may still have landed, or land later (a failed fsync after the
+                # rename, an object store PUT whose reply was lost): keep what it names; retention collects it
+                # as an orphan if it did not land (docs/consistency.md, section 3).
+                if not manifest_sent:
                     self._discard(version, [path])
                 raise
             fault("commit-after-manifest")
@@ -634,7 +639,7 @@ class VersionedStore:
         chain = self._rebased(manifest.files, version, None)   # read less when this process compacted before
         with self._lock:
             self._pin(f.path for f in chain)
-        path = None
+        path, record_sent = None, False
         try:
             state = merge_chain([self._read(entry, None) for entry in chain])
             encoded = snapshot.encode(state, self.settings.compression_level, sorted_by_kg=True)
@@ -654,9 +659,10 @@ class VersionedStore:
                     self.storage.delete_files([path])
                     return
                 try:
+                    record_sent = True   # from here the record may land even if the write raises
                     self.storage.commit_compaction(version, CompactionRecord(version, manifest.commit_id,
                                                                              entry).to_json())
-                except StoreDeleted as err:
+                except StoreDeleted as err:   # raised before the record is in place
                     log.warning("compaction of %s version %d skipped: %s", self.name, version, err)
                     self.storage.delete_files([path])
                     return
@@ -666,29 +672,11 @@ class VersionedStore:
             log.info("compacted %s version %d: %d deltas -> snapshot of %d rows (%d bytes)", self.name, version,
                      manifest.deltas_since_snapshot, encoded.rows, encoded.size)
         except BaseException:
-            if (path is not None and (self._rebase is None or self._rebase[1].path != path)
-                    and not self._still_named(version, path)):
+            if path is not None and not record_sent:
                 self.storage.delete_files([path])   # ours, and no record names it
             raise
         finally:
             self._unpin(f.path for f in chain)
-
-    def _still_named(self, version: int, path: str) -> bool:
-        """Whether storage's manifest or compaction record of version N names `path` (unreadable: assume so).
-
-        A record can be visible although writing it raised (the directory's fsync after the rename
-        failed; an object store's PUT that landed but whose reply was lost). Deleting the file it
-        names would leave version N unreadable, and a concurrent attempt of the same batch may have
-        made N Spark's committed version. A kept file nobody names is an orphan retention collects.
-        """
-        try:
-            data = self.storage.read_record(version, MANIFEST_NAME)
-            if data is not None and path in self._parse_manifest(version, data).paths:
-                return True
-            data = self.storage.read_record(version, COMPACTION_NAME)
-            return data is not None and CompactionRecord.from_json(data, path).snapshot.path == path
-        except Exception:  # noqa: BLE001 - unknown means keep
-            return True
 
     def _still_current(self, version: int, manifest: Manifest) -> bool:
         """Whether storage still holds `manifest` as version N; a compaction of anything else is dropped quietly."""

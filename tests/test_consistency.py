@@ -228,6 +228,23 @@ def test_atomic_records_on_a_filesystem_without_atomic_put(tmp_path):
     assert [n.rsplit("/", 1)[-1] for n in names] == ["_metadata"], "no temporary file is left behind"
 
 
+def test_a_rename_that_reports_an_error_but_happened_is_not_undone(tmp_path, monkeypatch):
+    """On an HDFS-like filesystem a rename whose reply is lost has still happened: removing `final` and
+    renaming again (the replace-by-remove path) would delete the record just written."""
+    storage = FileSystemCheckpointStorage(f"dir::file://{tmp_path}/d")
+    storage.commit_manifest(1, b"first")
+    mv = storage.fs.mv
+
+    def mv_then_lose_the_reply(src, dst, **kw):
+        mv(src, dst, **kw)
+        raise OSError(110, "Connection timed out")
+
+    monkeypatch.setattr(storage.fs, "mv", mv_then_lose_the_reply)
+    storage.commit_manifest(1, b"second")
+    monkeypatch.setattr(storage.fs, "mv", mv)
+    assert storage.read_manifest(1) == b"second"
+
+
 def test_fsync_is_on_for_local_disks_by_default(root, tmp_path):
     assert FileSystemCheckpointStorage(root).fsync
     assert not FileSystemCheckpointStorage(root, fsync=False).fsync

@@ -194,6 +194,8 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         try:
             self.fs.mv(tmp, final)
         except (FileExistsError, OSError):
+            if not self.fs.exists(tmp):
+                return   # the move happened and only its reply failed: `final` is ours, never remove it
             if not self.fs.exists(final):
                 raise
             self.fs.rm_file(final)   # HDFS-like: rename does not replace
