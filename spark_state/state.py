@@ -46,8 +46,7 @@ import pyarrow.compute as pc
 
 from spark_state import snapshot
 from spark_state.errors import (ProtocolError, SparkStateError, StaleState, StateTooLarge, StorageError,
-                                StoreDeleted,
-                                VersionNotFound)
+                                StoreDeleted, VersionNotFound)
 from spark_state.faults import fault
 from spark_state.keygroups import (
     as_key_group_array, check_max_parallelism, check_same_max_parallelism, filter_residue, key_group_order,
@@ -646,31 +645,24 @@ class VersionedStore:
             if not self._still_current(version, manifest):   # every backend; object stores have no directories
                 return
             path = self.storage.new_file_path(version, SNAPSHOT)
-            try:
-                self.storage.write_file(path, encoded.data, recreate=False)
-            except StoreDeleted as err:   # a stopped query's checkpoint deleted by its user: leave it deleted
-                path = None
-                log.warning("compaction of %s version %d skipped: %s", self.name, version, err)
-                return
+            self.storage.write_file(path, encoded.data, recreate=False)
             fault("compaction-after-snapshot")
             entry = _entry(path, SNAPSHOT, version, encoded)
             with self._lock:
                 if not self._still_current(version, manifest):
                     self.storage.delete_files([path])
                     return
-                try:
-                    record_sent = True   # from here the record may land even if the write raises
-                    self.storage.commit_compaction(version, CompactionRecord(version, manifest.commit_id,
-                                                                             entry).to_json())
-                except StoreDeleted as err:   # raised before the record is in place
-                    log.warning("compaction of %s version %d skipped: %s", self.name, version, err)
-                    self.storage.delete_files([path])
-                    return
+                record_sent = True   # from here the record may land even if the write raises
+                self.storage.commit_compaction(version, CompactionRecord(version, manifest.commit_id, entry).to_json())
                 # the whole chain, slices of other stores' files included (manifest.paths is this store's files)
                 self._rebase = (tuple(f.ident for f in manifest.files), entry, version, time.monotonic())
                 self._deferred = None
             log.info("compacted %s version %d: %d deltas -> snapshot of %d rows (%d bytes)", self.name, version,
                      manifest.deltas_since_snapshot, encoded.rows, encoded.size)
+        except StoreDeleted as err:   # a stopped query's checkpoint deleted by its user: leave it deleted
+            if path is not None:
+                self.storage.delete_files([path])   # raised before any record was in place
+            log.warning("compaction of %s version %d skipped: %s", self.name, version, err)
         except BaseException:
             if path is not None and not record_sent:
                 self.storage.delete_files([path])   # ours, and no record names it

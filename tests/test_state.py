@@ -5,6 +5,8 @@ import shutil
 import tempfile
 import threading
 import uuid
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -356,25 +358,34 @@ def test_compaction_leaves_a_checkpoint_deleted_meanwhile_deleted(tmp_path, monk
         assert as_dict(store.load(3)) == {KEYS[0]: b"new-3"}
 
 
+@contextmanager
+def directory_fsync_fails_once_in_place(monkeypatch, record: Path):
+    """The directory fsync after `record` was renamed into place raises EIO: the rename itself landed."""
+    import spark_state.storage.filesystem as filesystem
+
+    fsync_dir = filesystem._fsync_dir
+
+    def failing(directory):
+        if Path(directory) == record.parent and record.exists():
+            raise OSError(5, "Input/output error")
+        fsync_dir(directory)
+
+    monkeypatch.setattr(filesystem, "_fsync_dir", failing)
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(filesystem, "_fsync_dir", fsync_dir)
+
+
 def test_a_compaction_record_that_became_visible_keeps_its_snapshot_when_the_write_then_fails(tmp_path, monkeypatch):
     """The record's rename landed but the directory's fsync raised: the compaction fails, yet the snapshot the
     visible record names must stay, or version N could no longer be read."""
-    import spark_state.storage.filesystem as filesystem
-
     store = VersionedStore(FileSystemCheckpointStorage(f"file://{tmp_path}/s"),
                            Settings(max_parallelism=M, snapshot_interval=2))
     for v in range(1, 4):
         store.commit(v, changes({KEYS[v]: b"%d" % v}))
-    fsync_dir = filesystem._fsync_dir
-
-    def failing_after_the_record(directory):
-        if directory.endswith("chk-3") and (tmp_path / "s" / "chk-3" / "_snapshot").exists():
-            raise OSError(5, "Input/output error")
-        fsync_dir(directory)
-
-    monkeypatch.setattr(filesystem, "_fsync_dir", failing_after_the_record)
-    store.maintenance(2)
-    monkeypatch.setattr(filesystem, "_fsync_dir", fsync_dir)
+    with directory_fsync_fails_once_in_place(monkeypatch, tmp_path / "s" / "chk-3" / "_snapshot"):
+        store.maintenance(2)
     assert store.maintenance_failures == 1 and "Input/output error" in store.maintenance_error
     record = CompactionRecord.from_json(store.storage.read_record(3, "_snapshot"), "3")
     assert record.snapshot.path in store.storage.list_files()
@@ -387,21 +398,11 @@ def test_a_manifest_that_became_visible_keeps_its_files_when_the_commit_then_fai
     """commit_manifest's rename landed but the directory's fsync raised: the commit fails (Spark retries the
     task), yet the data file the visible manifest names must stay: a concurrent attempt of the same batch may
     have made this version the one Spark committed. The retry's re-commit replaces the manifest cleanly."""
-    import spark_state.storage.filesystem as filesystem
-
     store = VersionedStore(FileSystemCheckpointStorage(f"file://{tmp_path}/s"), Settings(max_parallelism=M))
     store.commit(1, changes({KEYS[1]: b"1"}))
-    fsync_dir = filesystem._fsync_dir
-
-    def failing_after_the_manifest(directory):
-        if directory.endswith("chk-2") and (tmp_path / "s" / "chk-2" / "_metadata").exists():
-            raise OSError(5, "Input/output error")
-        fsync_dir(directory)
-
-    monkeypatch.setattr(filesystem, "_fsync_dir", failing_after_the_manifest)
-    with pytest.raises(OSError, match="Input/output error"):
-        store.commit(2, changes({KEYS[2]: b"2"}))
-    monkeypatch.setattr(filesystem, "_fsync_dir", fsync_dir)
+    with directory_fsync_fails_once_in_place(monkeypatch, tmp_path / "s" / "chk-2" / "_metadata"):
+        with pytest.raises(OSError, match="Input/output error"):
+            store.commit(2, changes({KEYS[2]: b"2"}))
     forget_stores()
     fresh = VersionedStore(FileSystemCheckpointStorage(f"file://{tmp_path}/s"), Settings(max_parallelism=M))
     assert as_dict(fresh.load(2)) == {KEYS[1]: b"1", KEYS[2]: b"2"}

@@ -144,14 +144,10 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             if self.fsync:
                 _fsync_dir(os.path.dirname(full))
         else:
-            if not recreate:
-                self._check_store_exists()
+            # other directory filesystems (HDFS, sftp, …) make parents on write: look before writing
+            if not recreate and not self._object_store and not self.fs.isdir(self._base):
+                raise self._deleted(self._base)
             self.fs.pipe_file(full, bytes(data) if not isinstance(data, bytes) else data)
-
-    def _check_store_exists(self) -> None:
-        """Other directory filesystems (HDFS, sftp, …) make parents on write: look before writing."""
-        if not self._object_store and not self.fs.isdir(self._base):
-            raise self._deleted(self._base)
 
     def commit_record(self, version: int, name: str, data: bytes, *, recreate: bool = True) -> None:
         final = self._full(record_path(version, name))
@@ -161,14 +157,11 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         tmp = f"{final}.tmp-{secrets.token_hex(6)}"
         try:
             if self._local:
-                if recreate:
-                    self._write_local(tmp, data)
-                else:   # chk-N/ held the manifest: a missing one was deleted since, never made again
-                    try:
-                        self._write_bytes(tmp, data)
-                    except FileNotFoundError:
-                        raise self._deleted(os.path.dirname(final)) from None
                 try:
+                    if recreate:
+                        self._write_local(tmp, data)
+                    else:   # chk-N/ held the manifest: a missing one was deleted since, never made again
+                        self._write_bytes(tmp, data)
                     os.replace(tmp, final)
                 except FileNotFoundError:
                     if recreate:
