@@ -23,8 +23,7 @@ import sys
 import time
 from typing import Callable
 
-from spark_state.errors import SparkStateError
-from spark_state.options import OptionError
+from spark_state.errors import OptionError, SparkStateError
 
 EXIT_OK, EXIT_INVALID, EXIT_ERROR = 0, 1, 2
 
@@ -109,7 +108,7 @@ def _human(n: int) -> str:
 def _show_ls(r: dict) -> None:
     from rich.table import Table
 
-    from spark_state.storage.base import format_versions
+    from spark_state.storage.layout import format_versions
 
     con = _console()
     if r["kind"] == "savepoint":
@@ -249,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         result, show, code = _run(args)
-    except (SparkStateError, OptionError) as err:
+    except SparkStateError as err:   # OptionError included
         if args.json:
             print(json.dumps({"ok": False, "command": args.command, "kind": type(err).__name__, "error": str(err)}))
         print(f"spark-state {args.command}: error: {err}", file=sys.stderr)

@@ -29,7 +29,7 @@ from pyspark.sql import DataFrame, Row, SparkSession
 
 from spark_state import PROVIDER_CLASS
 from spark_state.options import PREFIX
-from spark_state.spark_config import KEYWORDS, option_conf
+from spark_state.spark.config import KEYWORDS, option_conf
 
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 SPARK_STATE_PROVIDER = PROVIDER_CLASS
@@ -399,7 +399,8 @@ def open_stored(checkpoint: Path, operator: int = 0, partition: int = 0, store_n
     store root is Spark's state directory of the store.
     """
     from spark_state.options import Settings
-    from spark_state.state import StoreRef, forget_stores, open_store
+    from spark_state.chain import forget_stores, open_store
+    from spark_state.storage.layout import StoreRef
 
     forget_stores()  # always read the files, not a cached store
     ref = StoreRef(spark_root="file:" + str(Path(checkpoint) / "state"),

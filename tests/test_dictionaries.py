@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from spark_state import dictionaries, snapshot
+from spark_state.format import datafile as snapshot, dictionaries, tables
 from spark_state.keygroups import key_groups_of
 
 M = 64
@@ -20,7 +20,7 @@ VALUE = pa.struct([("country", pa.string()), ("blob", pa.binary()),
                    ("inner", pa.struct([("page", pa.string()), ("clicks", pa.int64()),
                                         ("deep", pa.struct([("tag", pa.large_string())]))])),
                    ("note", pa.string())])
-SCHEMA = snapshot.typed_schema(KEY, VALUE)
+SCHEMA = tables.typed_schema(KEY, VALUE)
 
 words = st.sampled_from(["", "a", "DE", "ü/ß", "/product/1042", None])
 
@@ -184,7 +184,7 @@ def test_a_typed_file_written_before_dictionaries_and_the_batch_index_still_read
     assert snapshot.decode(data, "v1", M).equals(t)
     for wanted in ([], [0], [5, 6, 7, 40], list(range(0, M, 2)), list(range(M))):
         sub = snapshot.read_key_groups(_fetch(data), "v1", offset, length, None, np.array(wanted, np.int32),
-                                       file_format=snapshot.TYPED_FORMAT, max_parallelism=M)
+                                       file_format=snapshot.FileFormat.TYPED, max_parallelism=M)
         assert sub.equals(t.filter(pa.array(np.isin(t.column("kg").to_numpy(), wanted))))
 
 

@@ -37,11 +37,11 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  run_state_machine_as_test)
 
 from spark_state.errors import VersionNotFound
+from spark_state.format.manifest import CompactionRecord, Manifest
+from spark_state.format.tables import CHANGES_SCHEMA
 from spark_state.keygroups import key_groups_of
-from spark_state.manifest import CompactionRecord, Manifest
-from spark_state.state import CHANGES_SCHEMA
-from spark_state.storage import FileSystemCheckpointStorage
-from spark_state.storage.base import file_version
+from spark_state.storage.filesystem import FileSystemCheckpointStorage
+from spark_state.storage.layout import file_version
 from spark_state.worker.protocol import ipc_to_table, table_to_ipc
 from tests import s3_server
 from tests.worker_client import Worker, WorkerGone

@@ -10,14 +10,14 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from spark_state import snapshot
 from spark_state.errors import ProtocolError
+from spark_state.format import tables
 from spark_state.worker.protocol import IpcBody, ipc_to_table, read_frame, table_to_ipc, write_frame
 
 KEY = pa.struct([("user", pa.string()), ("n", pa.int64())])
 VALUE = pa.struct([("total", pa.int64()), ("name", pa.string()), ("seen", pa.timestamp("us", "UTC")),
                    ("inner", pa.struct([("x", pa.float64()), ("tags", pa.list_(pa.int32()))]))])
-SCHEMA = snapshot.typed_schema(KEY, VALUE)
+SCHEMA = tables.typed_schema(KEY, VALUE)
 
 keys = st.fixed_dictionaries({"user": st.none() | st.text(max_size=6), "n": st.integers(-2**63, 2**63 - 1)})
 values = st.none() | st.fixed_dictionaries({
@@ -60,19 +60,19 @@ def test_streamed_typed_rows_are_exactly_the_announced_bytes(rows, cuts):
        st.booleans(), st.lists(st.integers(0, 40), max_size=3))
 def test_streamed_opaque_rows_go_out_with_32_bit_offsets(rows, wide, cuts):
     table = pa.table({"kg": pa.array([0] * len(rows), pa.int32()), "hash": pa.array([0] * len(rows), pa.int32()),
-                      "key": [k for k, _ in rows], "value": [v for _, v in rows]}, schema=snapshot.CHANGES_SCHEMA)
+                      "key": [k for k, _ in rows], "value": [v for _, v in rows]}, schema=tables.CHANGES_SCHEMA)
     if wide:
-        table = snapshot.widen(table)
+        table = tables.widen(table)
     table = _chunked(table, cuts)
     announced, data = _streamed(table)
     assert announced == len(data)
     assert data == table_to_ipc(table).to_pybytes()
-    assert ipc_to_table(data).schema == snapshot.CHANGES_SCHEMA
+    assert ipc_to_table(data).schema == tables.CHANGES_SCHEMA
 
 
 def test_a_frame_with_a_streamed_body_reads_back_as_one_frame():
     table = pa.table({"kg": [1, 2], "hash": [1, 2], "key": [b"a", b"b"], "value": [b"x", None]},
-                     schema=snapshot.CHANGES_SCHEMA)
+                     schema=tables.CHANGES_SCHEMA)
     sink = io.BytesIO()
     write_frame(sink, {"ok": True, "rows": 2}, IpcBody(table))
     write_frame(sink, {"ok": True})
@@ -84,7 +84,7 @@ def test_a_frame_with_a_streamed_body_reads_back_as_one_frame():
 
 def test_a_body_longer_than_announced_is_refused_not_sent():
     body = IpcBody(pa.table({"kg": [1], "hash": [1], "key": [b"a"], "value": [b"x"]},
-                            schema=snapshot.CHANGES_SCHEMA))
+                            schema=tables.CHANGES_SCHEMA))
     body._size -= 1
     with pytest.raises((ProtocolError, pa.ArrowException)):
         body.write_to(io.BytesIO())

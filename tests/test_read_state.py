@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 import spark_state
-from spark_state.sparklog import CheckpointError
+from spark_state.errors import CheckpointError
 from tests.scenarios import JOIN_STORES, SCENARIOS
 from tests.streaming import arrow_rows, sort_rows
 

@@ -3,7 +3,7 @@
 import pyarrow as pa
 from hypothesis import given, settings, strategies as st
 
-from spark_state.rowkeys import key_codes, last_per_key, last_write_mask
+from spark_state.chain.rowkeys import key_codes, last_per_key, last_write_mask
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
 KEY = pa.struct([("a", pa.int64()), ("b", pa.int32()), ("c", pa.string()), ("d", pa.uint64())])

@@ -8,9 +8,11 @@ import fsspec
 import pyarrow as pa
 import pytest
 
+from spark_state.chain import forget_stores, open_store
 from spark_state.errors import ChecksumMismatch, VersionNotFound
+from spark_state.format.tables import CHANGES_SCHEMA
 from spark_state.options import Settings
-from spark_state.state import CHANGES_SCHEMA, StoreRef, forget_stores, open_store
+from spark_state.storage.layout import StoreRef
 from tests import s3_server
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from spark_state.state import CHANGES_SCHEMA
+from spark_state.format.tables import CHANGES_SCHEMA
 from spark_state.worker.protocol import ipc_to_table, read_frame, table_to_ipc
 from tests.worker_client import Worker
 
@@ -169,7 +169,7 @@ def test_a_change_log_naming_a_key_twice_keeps_the_last_row(worker, tmp_path):
     """The shim appends each put/remove to its change log as it happens: with ``repeatedKeys`` a key may be in it
     more than once (updated twice, put then removed, removed then put) and the last row wins; the delta file
     still holds one row per key."""
-    from spark_state import snapshot
+    from spark_state.format import datafile as snapshot
     from spark_state.options import DEFAULT_MAX_PARALLELISM
 
     conn = worker.connect()

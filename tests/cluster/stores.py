@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from spark_state.errors import SparkStateError, VersionNotFound
-from spark_state.manifest import Manifest
+from spark_state.format.manifest import Manifest
 from tests.streaming import open_stored, store_root, wait_until
 
 #: Number of shuffle partitions of the cluster session (conftest).
@@ -31,7 +31,7 @@ def manifests(store: Path) -> dict[int, Manifest]:
 def records(store: Path) -> dict[int, object]:
     """version -> compaction record (``chk-N/_snapshot``, issue 9's format) present now; none before it."""
     try:
-        from spark_state.manifest import CompactionRecord
+        from spark_state.format.manifest import CompactionRecord
     except ImportError:   # code before compaction records: compaction rewrote the manifest
         return {}
     out = {}
