@@ -131,7 +131,7 @@ class Committer:
             except BaseException:
                 # A manifest write that raised may still have landed, or land later (a failed fsync after the
                 # rename, an object store PUT whose reply was lost): keep what it names; retention collects it
-                # as an orphan if it did not land (docs/consistency.md, section 3).
+                # as an orphan if it did not land (docs/consistency.md, rule 3).
                 if not manifest_sent:
                     self._discard(version, [path])
                 raise

@@ -1,11 +1,11 @@
 """Compaction: folding a long chain into one snapshot, in the background, never rewriting a manifest.
 
 It writes the snapshot and then a compaction record ``chk-N/_snapshot`` beside
-manifest N naming it and the commit id it folds (docs/consistency.md, section
+manifest N naming it and the commit id it folds (docs/consistency.md, rule
 3), so every file a kept manifest names stays referenced. It never brings a
 deleted checkpoint back: it re-reads manifest N before writing and again under
 the store's lock before its record, and writes with ``recreate=False``
-(section 4). This process then takes a shortcut: later commits whose chain
+(rule 4). This process then takes a shortcut: later commits whose chain
 starts with what it folded build on the snapshot instead (``rebased``), under
 the conditions listed there.
 """

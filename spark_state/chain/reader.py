@@ -2,11 +2,11 @@
 
 What a version is, as storage holds it *now*: its manifest, read fresh, and
 its compaction record while that still folds this very manifest
-(``VersionView``; docs/consistency.md, section 3). Reading a chain's files
+(``VersionView``; docs/consistency.md, rule 3). Reading a chain's files
 verifies them against their manifest entries; a file of a rescaled chain may
 be a slice of another partition's file (format 3), read from that sibling
 store. Loads pin the files they read, so retention in this process leaves
-them alone (section 4).
+them alone (rule 4).
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """The data file format: one version's rows of one store (a snapshot or a delta), by key group.
 
+(Over 400 lines on purpose: the spec, the writer and the reader of one byte layout stay in one module,
+so a change to the bytes is made, and reviewed, in one place.)
+
 A file is three parts, all little-endian, nothing pickled::
 
     data     an Arrow IPC *stream* (zstd-compressed buffers) of the rows:
@@ -29,7 +32,7 @@ Two row layouts (``FileFormat``), told apart by the file's magic and its manifes
   not stored: it is ``pmod(hash, maxParallelism)``, recomputed on read (the
   index keeps it). A null ``value`` is a delete (only in deltas). A string or
   binary leaf whose values repeat (at most half as many distinct values as
-  rows) is stored as an Arrow dictionary column (``spark_state.dictionaries``:
+  rows) is stored as an Arrow dictionary column (``spark_state.format.dictionaries``:
   3-8x fewer bytes for such columns); readers get Spark's plain types back.
   Files without dictionaries (written before them) read the same way.
 * **format 1, opaque** (CHANGES_SCHEMA): ``kg``, ``hash`` and ``key``/``value``
@@ -283,7 +286,7 @@ def _encode_in_arrival_order(table: pa.Table, compression_level: int, target_bat
 def _batch_ranges(data: pa.Buffer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Byte offset, length and CRC-32 of each record batch message of an IPC stream: walks the message
     framing (no decoding). The head before the first batch is the schema and the file's dictionaries (one
-    per dictionary column, see spark_state.dictionaries); a subset read decodes its batches with that head."""
+    per dictionary column, see spark_state.format.dictionaries); a subset read decodes its batches with that head."""
     src = pa.BufferReader(data)
     reader = pa.ipc.MessageReader.open_stream(src)
     starts, ends = [], []
