@@ -35,6 +35,9 @@ from spark_state.storage.layout import DEFAULT_STORE, STORE_ENTRIES, StoreId, St
 
 @dataclass(frozen=True)
 class Operator:
+    """A stateful operator of the query: from Spark's operator metadata where it wrote one, else (name
+    "unknown") from the store directories on disk."""
+
     id: int
     name: str
     stores: tuple[str, ...]
