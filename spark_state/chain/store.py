@@ -22,7 +22,9 @@ retried and speculated), so nothing here trusts memory over storage
   (a) nothing names it, (b) it was written for a version below the retained
   window, and (c) this process has seen it unreferenced for
   ``file_grace_period`` (``retention.py``). ``abort`` deletes only what this
-  process wrote.
+  process wrote. After a rescale, files that other partitions' manifests name
+  count as referenced while a live reference record says so
+  (``references.py``, rule 6).
 
 This class only wires the parts together and keeps the public API the worker,
 the tools and the tests use. Within one process they share ``StoreContext``:

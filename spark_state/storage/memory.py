@@ -6,9 +6,9 @@ Two guards keep that from losing state silently:
 * every file is limited to ``memory_max_state_size`` bytes (a snapshot is the
   whole state): a bigger one fails with ``StateTooLarge`` naming the size, the
   limit and the fix, instead of letting executor memory grow unnoticed;
-* with a metadata storage (``memory.metadataDir``), each manifest is also written there durably. A later
-  process that finds a durable manifest but no data raises ``StateLost``
-  instead of restoring an empty state.
+* with a metadata storage (``memory.metadataDir``), each manifest is also
+  written there durably. A later process that finds a durable manifest but
+  no data raises ``StateLost`` instead of restoring an empty state.
 
 Files live in a module-level registry keyed by the store's root, so every
 instance for the same root in this process sees the same files.
