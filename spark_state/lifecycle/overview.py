@@ -14,7 +14,7 @@ from spark_state.lifecycle.savepoint import is_savepoint, read_savepoint
 from spark_state.options import Settings, settings_from
 from spark_state.spark.checkpoint import SparkCheckpoint
 from spark_state.storage.directory import Dir
-from spark_state.storage.layout import StoreId, format_versions
+from spark_state.storage.layout import DEFAULT_STORE, StoreId, format_versions
 
 HISTOGRAM_BUCKETS = 20
 
@@ -81,7 +81,7 @@ def _histogram(kg: np.ndarray, max_parallelism: int) -> dict:
     }
 
 
-def store_report(location: str, operator: int, partition: int, store: str = "default", *,
+def store_report(location: str, operator: int, partition: int, store: str = DEFAULT_STORE, *,
                  batch: int | None = None, version: int | None = None,
                  options: Mapping[str, str] | Settings | None = None) -> dict:
     """One store at one version (default: the state of the latest committed batch): rows, key groups, chain."""
