@@ -24,7 +24,7 @@ from typing import Iterator
 
 from pyspark.sql import DataFrame, SparkSession
 
-from tests.streaming import JsonStream, Query, QueryFailed, sort_rows
+from tests.support.spark import JsonStream, Query, QueryFailed, sort_rows
 
 SCHEMA = "k string, v long"
 OUTPUT_SCHEMA = "k string, total long, n long"
@@ -152,7 +152,7 @@ class RunningTotals:
 
     ``add(n)`` writes ``n`` input files (one micro-batch each); ``run()`` runs the
     query over all available input and stops it (a restart from the checkpoint
-    each time, see tests.streaming.Query).
+    each time, see tests.support.spark.Query).
     """
 
     def __init__(self, spark: SparkSession, workdir: Path, *, seed: int, checkpoint: Path | None = None,

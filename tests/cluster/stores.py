@@ -10,7 +10,8 @@ from pathlib import Path
 
 from spark_state.errors import SparkStateError, VersionNotFound
 from spark_state.manifest import Manifest
-from tests.streaming import open_stored, store_root, wait_until
+from tests.support.stores import open_stored, store_root
+from tests.support.waiting import wait_until
 
 #: Number of shuffle partitions of the cluster session (conftest).
 PARTITIONS = 2
@@ -98,7 +99,7 @@ def stored_totals(spark, checkpoint: Path, batch: int | None = None, **options) 
 
     ``options`` are the query's spark_state options (a ``checkpoint_root`` must be given again).
     """
-    from tests.streaming import provider_conf, sql_conf
+    from tests.support.spark import provider_conf, sql_conf
 
     reader = spark.read.format("statestore")
     if batch is not None:

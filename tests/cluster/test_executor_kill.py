@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.cluster.processes import Beside, executor_jvms, executor_of, sigkill, wait_or_stop
+from tests.cluster.processes import Beside, executor_jvms, executor_of, wait_or_stop
 from tests.cluster.running_totals import RunningTotals
+from tests.support.processes import sigkill
 from tests.cluster.stores import (assert_maintained, check_versions_load, stored_totals, unreferenced_now,
                                   wait_collected)
 

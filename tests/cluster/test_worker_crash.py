@@ -13,11 +13,13 @@ import zlib
 
 import pytest
 
-from tests.cluster.processes import Beside, sigkill, wait_or_stop
+from tests.cluster.processes import Beside, wait_or_stop
 from tests.cluster.running_totals import RunningTotals
+from tests.support.processes import sigkill
 from tests.cluster.stores import (assert_maintained, check_versions_load, stored_totals, unreferenced_now,
                                   wait_collected)
-from tests.streaming import alive, wait_until
+from tests.support.processes import alive
+from tests.support.waiting import wait_until
 
 BATCHES = 9
 ARM_AFTER = 1   # armed once batch 1 is done: the point fires in batch 2 (compaction: whenever it runs)
