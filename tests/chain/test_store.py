@@ -1,6 +1,5 @@
 """VersionedStore against a plain dict model, plus the failure modes the worker relies on."""
 
-import json
 import shutil
 import tempfile
 import threading
@@ -14,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from spark_state.errors import (
-    ChecksumMismatch, FormatVersionError, MaxParallelismChanged, ProtocolError, StateLost, StateTooLarge,
+    ChecksumMismatch, MaxParallelismChanged, ProtocolError, StateLost, StateTooLarge,
     VersionNotFound,
 )
 from spark_state.keygroups import key_groups_of
@@ -201,16 +200,6 @@ def test_corrupted_and_truncated_files_name_the_file(tmp_path):
     manifest.write_bytes(manifest.read_bytes()[:-30])
     with pytest.raises(ChecksumMismatch, match="chk-1/_metadata"):
         store.load(1)
-
-
-def test_newer_manifest_format_is_refused(fs_store, tmp_path):
-    fs_store.commit(1, changes({b"k1": b"a"}))
-    path = tmp_path / "s" / "chk-1" / "_metadata"
-    body = json.loads(path.read_bytes())
-    body["format"] = 99
-    path.write_text(json.dumps(body))
-    with pytest.raises(FormatVersionError, match="format version 99"):
-        fs_store.load(1)
 
 
 def test_max_parallelism_change_is_refused(tmp_path):
