@@ -148,6 +148,19 @@ def scenario_run(spark, tested, tmp_path_factory):
     return get
 
 
+@pytest.fixture
+def s3_bucket(tested) -> str:
+    """A new bucket on the loopback S3 endpoint, for a query whose checkpointRoot is on S3 (spark_state's option)."""
+    if tested != "spark_state":
+        pytest.skip("spark_state's checkpointRoot")
+    import uuid
+
+    s3_server.start()
+    name = f"ckpt-{uuid.uuid4().hex[:8]}"
+    s3_server.make_bucket(name)
+    return name
+
+
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory):
     """spark_state's wheel, built once per run from a clean copy of the source tree (tests/support/wheel_env.py)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from spark_state.errors import SparkStateError, VersionNotFound
-from spark_state.manifest import Manifest
+from spark_state.manifest import CompactionRecord, Manifest
 from tests.support.stores import open_stored, store_root
 from tests.support.waiting import wait_until
 
@@ -17,32 +17,26 @@ from tests.support.waiting import wait_until
 PARTITIONS = 2
 
 
+def _present(store: Path, name: str, parse) -> dict:
+    """version -> parse(``chk-N/<name>``) for the files present now (one deleted meanwhile is skipped)."""
+    out = {}
+    for path in sorted(store.glob(f"chk-*/{name}")):
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            continue
+        out[int(path.parent.name[4:])] = parse(data, str(path))
+    return out
+
+
 def manifests(store: Path) -> dict[int, Manifest]:
-    """version -> manifest, for the manifests present now (one deleted meanwhile is skipped)."""
-    out = {}
-    for path in sorted(store.glob("chk-*/_metadata")):
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            continue
-        out[int(path.parent.name[4:])] = Manifest.from_json(data, str(path))
-    return out
+    """version -> manifest, for the manifests present now."""
+    return _present(store, "_metadata", Manifest.from_json)
 
 
-def records(store: Path) -> dict[int, object]:
-    """version -> compaction record (``chk-N/_snapshot``, issue 9's format) present now; none before it."""
-    try:
-        from spark_state.manifest import CompactionRecord
-    except ImportError:   # code before compaction records: compaction rewrote the manifest
-        return {}
-    out = {}
-    for path in sorted(store.glob("chk-*/_snapshot")):
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            continue
-        out[int(path.parent.name[4:])] = CompactionRecord.from_json(data, str(path))
-    return out
+def records(store: Path) -> dict[int, CompactionRecord]:
+    """version -> compaction record (``chk-N/_snapshot``) present now."""
+    return _present(store, "_snapshot", CompactionRecord.from_json)
 
 
 def data_files(store: Path) -> set[str]:

@@ -13,7 +13,7 @@ import zlib
 
 import pytest
 
-from tests.cluster.processes import Beside, wait_or_stop
+from tests.cluster.processes import wait_or_stop
 from tests.cluster.running_totals import RunningTotals
 from tests.support.processes import sigkill
 from tests.cluster.stores import (assert_maintained, check_versions_load, stored_totals, unreferenced_now,
@@ -59,13 +59,7 @@ def test_worker_dies_inside_a_commit_or_compaction(cluster, tmp_path, faults, po
                     leftovers.setdefault(partition, set()).update(files)
             wait_collected(q.checkpoint, leftovers)
 
-    q.query.on_batch = on_batch
-    q.add(BATCHES)
-    beside = Beside(watch)
-    try:
-        q.run()
-    finally:
-        beside.join()
+    q.run_beside(BATCHES, on_batch, watch)
     assert faults.fired(point), f"fault point {point} never fired (does the worker implement SPARK_STATE_FAULT_DIR?)"
     assert any(leftovers.values()), f"the dead worker left no file behind at {point}; the test proved nothing"
     q.assert_exact()

@@ -13,13 +13,12 @@ import shutil
 import socket
 import subprocess
 import time
-import uuid
 from pathlib import Path
 
 import fsspec
 import pytest
 
-from tests.support import s3_server, wheel_env
+from tests.support import wheel_env
 
 pytestmark = pytest.mark.slow
 
@@ -71,17 +70,7 @@ class Cluster:
                 proc.kill()
 
 
-@pytest.fixture
-def bucket(tested):
-    if tested != "spark_state":
-        pytest.skip("spark_state's checkpointRoot")
-    s3_server.start()
-    name = f"cluster-{uuid.uuid4().hex[:8]}"
-    s3_server.make_bucket(name)
-    return name
-
-
-def test_standalone_cluster_with_packed_venv_and_state_on_s3_survives_restart(wheel, tmp_path, bucket):
+def test_standalone_cluster_with_packed_venv_and_state_on_s3_survives_restart(wheel, tmp_path, s3_bucket):
     # The application's environment, packed for the executors as a user would.
     python = wheel_env.make_venv(tmp_path / "venv")
     wheel_env.pip_install(python, wheel, "s3fs", "venv-pack", log=tmp_path / "pip.log")
@@ -105,7 +94,7 @@ def test_standalone_cluster_with_packed_venv_and_state_on_s3_survives_restart(wh
               "--conf", f"spark.pyspark.driver.python={python}",
               "--conf", "spark.sql.streaming.stateStore.providerClass=io.sparkstate.shim.SparkStateProvider",
               "--conf", "spark.sql.streaming.stateStore.sparkState.python=./environment/bin/python",
-              "--conf", f"spark.sql.streaming.stateStore.sparkState.checkpointRoot=s3://{bucket}/state",
+              "--conf", f"spark.sql.streaming.stateStore.sparkState.checkpointRoot=s3://{s3_bucket}/state",
               "--conf", "spark.sql.streaming.streamingQueryListeners=io.sparkstate.shim.MaintenanceWarnings",
               "--conf", "spark.executor.memory=1g", "--conf", "spark.cores.max=2"]
     for key, value in aws.items():
@@ -130,7 +119,7 @@ def test_standalone_cluster_with_packed_venv_and_state_on_s3_survives_restart(wh
     # Both workers ran executors, and the state lives on S3, not in the checkpoint directory.
     assert all(list((tmp_path / f"worker{i}").glob("app-*")) for i in range(2))
     fs = fsspec.filesystem("s3")
-    assert [p for p in fs.find(f"{bucket}/state") if p.endswith("/_metadata")]
+    assert [p for p in fs.find(f"{s3_bucket}/state") if p.endswith("/_metadata")]
     assert not list((app / "checkpoint" / "state").rglob("*.arrow"))
     # Passed: drop the ~5 GB of venv, archive and unpacked copies (a failure keeps them for a look).
     archive.unlink()

@@ -260,26 +260,17 @@ def test_state_under_a_checkpoint_root_is_rescaled_there(spark, tmp_path):
     """checkpointRoot: stores live under the root, keyed by the query id; rescale finds them with the
     same option, writes nothing beside the checkpoint, and the restarted query reads them."""
     from spark_state.options import PREFIX
-    from tests.support.running_total import PHASES, SCHEMA, build_query
+    from tests.support.running_total import PHASES, twin_under_a_checkpoint_root
 
-    root = {"checkpoint_root": f"file://{tmp_path}/root"}
-    events = JsonStream(tmp_path / "events", SCHEMA)
-    ref = Query(spark, build_query(events, "EventTimeTimeout", "update"), tmp_path / "ref", mode="update",
-                provider="hdfs")
-    test = Query(spark, ref.build, tmp_path / "ckpt", mode="update", options=root)
-    for rows in PHASES[0]:
-        events.add(rows)
-    ref.run()
-    test.run()
+    twin, events, root = twin_under_a_checkpoint_root(spark, tmp_path)
+    ref, test = twin.ref, twin.test
     with pytest.raises(CheckpointError, match=r"has no version .* set .*checkpointRoot, pass it"):
         rescale(str(test.checkpoint), 5)   # without the option: says where it looked and what to pass
     result = rescale(str(test.checkpoint), 5, options={PREFIX + "checkpointRoot": root["checkpoint_root"]})
     assert result.new_partitions == 5
-    assert not list((tmp_path / "ckpt").rglob("*.arrow"))
-    assert not list((tmp_path / "ckpt" / "state").rglob("chk-*")), "state must stay under the root"
-    for rows in PHASES[1]:
-        events.add(rows)
-    ref.run()
-    test.run()
+    assert not list(test.checkpoint.rglob("*.arrow"))
+    assert not list((test.checkpoint / "state").rglob("chk-*")), "state must stay under the root"
+    events.add_all(PHASES[1])
+    twin.run()
     assert [rows for _, rows in sorted(test.outputs.items())] == [rows for _, rows in sorted(ref.outputs.items())]
     assert sorted((tmp_path / "root").glob("*/0/4/default/chk-*")), "partition 4 of 5 committed under the root"

@@ -131,26 +131,16 @@ def test_savepoint_target_defaults_to_the_savepoint_dir_option(spark, finished, 
 def test_state_under_a_checkpoint_root_is_saved_and_restored_there(spark, tmp_path):
     """checkpointRoot: the savepoint gathers the state from the root; restore writes it under the root for the
     new location, where the restored query finds it."""
-    from tests.support.running_total import PHASES, SCHEMA, build_query
-    from tests.support.spark import JsonStream
+    from tests.support.running_total import PHASES, twin_under_a_checkpoint_root
 
-    root = {"checkpoint_root": f"file://{tmp_path}/root"}
-    events = JsonStream(tmp_path / "events", SCHEMA)
-    ref = Query(spark, build_query(events, "EventTimeTimeout", "update"), tmp_path / "ref", mode="update",
-                provider="hdfs")
-    test = Query(spark, ref.build, tmp_path / "ckpt", mode="update", options=root)
-    for rows in PHASES[0]:
-        events.add(rows)
-    ref.run()
-    test.run()
-    assert not list((tmp_path / "ckpt").rglob("*.arrow")), "state must be under the root"
+    twin, events, root = twin_under_a_checkpoint_root(spark, tmp_path)
+    ref, test = twin.ref, twin.test
+    assert not list(test.checkpoint.rglob("*.arrow")), "state must be under the root"
     conf = {PREFIX + "checkpointRoot": root["checkpoint_root"]}
     url = savepoint(str(test.checkpoint), str(tmp_path / "sp"), options=conf)
     restore(url, str(tmp_path / "restored"), options=conf)
     assert not list((tmp_path / "restored").rglob("*.arrow"))
     test.checkpoint = tmp_path / "restored"
-    for rows in PHASES[1]:
-        events.add(rows)
-    ref.run()
-    test.run()
+    events.add_all(PHASES[1])
+    twin.run()
     assert test.outputs == ref.outputs

@@ -6,8 +6,9 @@ Spark's Python workers import ``running_total`` from this module by name (pickle
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
-from tests.support.spark import JsonStream, ts
+from tests.support.spark import JsonStream, Twin, ts
 
 SCHEMA = "k string, v long, ts timestamp"
 OUTPUT_SCHEMA = "k string, total long, n long, kind string"
@@ -63,3 +64,14 @@ def build_query(events: JsonStream, timeout: str, mode: str):
             functools.partial(running_total, timeout), OUTPUT_SCHEMA, STATE_SCHEMA, mode,
             getattr(GroupStateTimeout, timeout))
     return build
+
+
+def twin_under_a_checkpoint_root(spark, workdir: Path) -> tuple[Twin, JsonStream, dict]:
+    """The event-time running total on HDFS and on spark_state with its stores under a ``checkpointRoot`` in
+    ``workdir``, after the first phase: (the twin, its input, the spark_state options naming the root)."""
+    root = {"checkpoint_root": f"file://{workdir}/root"}
+    events = JsonStream(Path(workdir) / "events", SCHEMA)
+    twin = Twin(spark, workdir, build_query(events, "EventTimeTimeout", "update"), mode="update", options=root)
+    events.add_all(PHASES[0])
+    twin.run()
+    return twin, events, root
