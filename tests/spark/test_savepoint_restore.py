@@ -15,7 +15,7 @@ from spark_state.errors import ChecksumMismatch, VersionNotFound
 from spark_state.lifecycle import read_savepoint, restore, savepoint
 from spark_state.options import PREFIX
 from spark_state.sparklog import CheckpointError
-from tests.support.lifecycle import scenario_twin
+from tests.support.scenarios import SCENARIOS, run_scenario
 from tests.support.spark import Query, rm_rf, sql_conf
 
 
@@ -42,7 +42,7 @@ def test_savepoint_survives_deleting_its_checkpoint_and_the_restored_query_resum
         assert _query_id(restored) == result.query_id != before
         twin.test.checkpoint = restored
 
-    twin = scenario_twin(spark, tmp_path, name, tested=tested, between=savepoint_delete_restore)
+    twin = run_scenario(spark, tmp_path, SCENARIOS[name], tested=tested, between=savepoint_delete_restore)
     twin.assert_same()
     assert twin.test.checkpoint == restored and twin.test.runs == 2
     assert twin.ref.rows(), "the scenario produced no output; it checks nothing"

@@ -1,6 +1,5 @@
 """Helpers of the lifecycle tests (savepoint, restore, rescale, CLI): a finished checkpoint shared
-by the tests that only read it, phased scenario runs with a step between phases, the CLI as a
-subprocess."""
+by the tests that only read it, the CLI as a subprocess."""
 
 from __future__ import annotations
 
@@ -11,12 +10,10 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from tests.support.paths import ROOT
+from tests.support.paths import ROOT, pythonpath_with_root
 from tests.support.running_total import PHASES, SCHEMA, build_query
-from tests.support.scenarios import SCENARIOS
-from tests.support.spark import JsonStream, Query, Twin
+from tests.support.spark import JsonStream, Query
 from tests.support.waiting import wait_until_settled
 
 _FINISHED: dict = {}
@@ -57,31 +54,10 @@ def finished_checkpoint(spark, tmp_path_factory) -> Finished:
     return _FINISHED["finished"]
 
 
-def scenario_twin(spark, workdir: Path, name: str, *, tested: str, between: Callable[[Twin], None],
-                  options: dict | None = None) -> Twin:
-    """Runs scenario `name` phase by phase on HDFS and spark_state, calling ``between(twin)`` after
-    each phase but the last (stopped queries: rescale, savepoint and restore happen there)."""
-    scenario = SCENARIOS[name]
-    streams = {n: JsonStream(Path(workdir) / n, schema) for n, schema in scenario.streams.items()}
-
-    def build(session):
-        return scenario.build(session, **{n: s.read(session) for n, s in streams.items()})
-
-    twin = Twin(spark, workdir, build, mode=scenario.mode, tested=tested, options=options, conf=scenario.conf)
-    for i, phase in enumerate(scenario.phases):
-        for step in phase:
-            for n, rows in step.items():
-                streams[n].add(rows)
-        twin.run()
-        if i < len(scenario.phases) - 1:
-            between(twin)
-    return twin
-
-
 def cli(*args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess:
     """``python -m spark_state ARGS`` in a child process (what the ``spark-state`` script runs)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONPATH"] = pythonpath_with_root(env)
     done = subprocess.run([sys.executable, "-m", "spark_state", *map(str, args)], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=timeout)
     if check and done.returncode != 0:

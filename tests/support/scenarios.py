@@ -143,17 +143,22 @@ SCENARIOS = {s.name: s for s in [
 
 
 def run_scenario(spark: SparkSession, workdir: Path, scenario: Scenario, *, tested: str,
-                 options: dict | None = None) -> Twin:
-    """Runs ``scenario`` phase by phase on HDFS and on ``tested``; returns the finished Twin."""
+                 options: dict | None = None, between: Callable[[Twin], None] | None = None) -> Twin:
+    """Runs ``scenario`` phase by phase on HDFS and on ``tested``; returns the finished Twin.
+
+    ``between(twin)`` is called after each phase but the last, the queries stopped (rescale, savepoint and
+    restore happen there)."""
     streams = {name: JsonStream(Path(workdir) / name, schema) for name, schema in scenario.streams.items()}
 
     def build(session):
         return scenario.build(session, **{name: s.read(session) for name, s in streams.items()})
 
     twin = Twin(spark, workdir, build, mode=scenario.mode, tested=tested, options=options, conf=scenario.conf)
-    for phase in scenario.phases:
+    for i, phase in enumerate(scenario.phases):
         for step in phase:
             for name, rows in step.items():
                 streams[name].add(rows)
         twin.run()
+        if between is not None and i < len(scenario.phases) - 1:
+            between(twin)
     return twin

@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 
 from spark_state.worker.protocol import read_frame, write_frame
-from tests.support.paths import ROOT
+from tests.support.paths import ROOT, pythonpath_with_root
 
 SECRET = "s3cr3t-for-this-test"
 
@@ -98,7 +98,7 @@ class Worker:
         directory = self.workdir / ("sock" if n == 0 else f"sock{n}")   # short: a socket path has ~107 bytes
         directory.mkdir(mode=0o700, exist_ok=True)
         env = {**os.environ, **self.env}
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        env["PYTHONPATH"] = pythonpath_with_root(env)
         proc = subprocess.Popen(
             [sys.executable, "-m", "spark_state.worker", "--socket-dir", str(directory)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=ROOT, env=env,
