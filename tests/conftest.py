@@ -2,7 +2,7 @@
 that say what a test needs.
 
 Layout (helpers live in tests/support, never in a test module):
-  tests/unit, tests/chain, tests/worker   no SparkSession, no JVM: ``make test-fast`` runs them in seconds
+  tests/unit, tests/chain, tests/worker   no SparkSession, no JVM (``make test-fast``; unit + chain take ~20 s)
   tests/jvm                               a JDK only (probes of the shim's classes): marked ``jvm``
   tests/spark, tests/packaging            a SparkSession (or a Spark application in a child): marked ``spark``
   tests/cluster                           two executors, in a pytest process of its own (``make test-cluster``)
@@ -49,7 +49,7 @@ def pytest_addoption(parser):
 def pytest_ignore_collect(collection_path, config):
     """tests/cluster runs in a pytest process of its own (``pytest tests/cluster``): it needs its own
     SparkSession (local-cluster), and a Python process holds one SparkContext."""
-    cluster = Path(__file__).parent / "cluster"
+    cluster = TESTS / "cluster"
     if collection_path == cluster:
         asked = [Path(str(a).split("::")[0]).resolve() for a in config.args]
         return not any(a == cluster or cluster in a.parents for a in asked)
@@ -69,7 +69,8 @@ def pytest_collection_modifyitems(config, items):
 
 def _mark_needs(item) -> None:
     """Marks ``spark`` / ``jvm`` from the test's directory and fixtures; refuses either in a fast directory."""
-    top = Path(item.path).relative_to(TESTS).parts[0]
+    path = Path(item.path)
+    top = path.relative_to(TESTS).parts[0] if TESTS in path.parents else ""
     need = NEEDS.get(top)
     if need is None and SPARK_FIXTURES & set(getattr(item, "fixturenames", ())):
         need = "spark"
