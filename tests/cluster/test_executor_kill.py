@@ -12,9 +12,9 @@ from pathlib import Path
 
 from tests.cluster.processes import executor_jvms, executor_of, wait_or_stop
 from tests.cluster.running_totals import RunningTotals
-from tests.support.processes import sigkill
 from tests.cluster.stores import (assert_maintained, check_versions_load, stored_totals, unreferenced_now,
                                   wait_collected)
+from tests.support.processes import sigkill
 
 BATCHES = 8
 TROUBLE_BATCH = 3

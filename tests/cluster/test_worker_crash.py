@@ -15,10 +15,9 @@ import pytest
 
 from tests.cluster.processes import wait_or_stop
 from tests.cluster.running_totals import RunningTotals
-from tests.support.processes import sigkill
 from tests.cluster.stores import (assert_maintained, check_versions_load, stored_totals, unreferenced_now,
                                   wait_collected)
-from tests.support.processes import alive
+from tests.support.processes import alive, sigkill
 from tests.support.waiting import wait_until
 
 BATCHES = 9
