@@ -2,7 +2,7 @@
 that say what a test needs.
 
 Layout (helpers live in tests/support, never in a test module):
-  tests/unit, tests/chain, tests/worker   no SparkSession, no JVM (``make test-fast``; unit + chain take ~20 s)
+  tests/unit, tests/chain, tests/worker   no SparkSession, no JVM (``make test-fast``; unit + chain take 20-30 s)
   tests/jvm                               a JDK only (probes of the shim's classes): marked ``jvm``
   tests/spark, tests/packaging            a SparkSession (or a Spark application in a child): marked ``spark``
   tests/cluster                           two executors, in a pytest process of its own (``make test-cluster``)
