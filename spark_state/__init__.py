@@ -45,7 +45,7 @@ def restore(source, checkpoint_location, batch=None, **kwargs):
 
 
 def read_state(checkpoint_location, operator=0, store_name=None, batch=None, partitions=None, **kwargs):
-    """One operator's state at a committed batch as a pyarrow Table, without Spark; see spark_state.lifecycle.reading."""
+    """One operator's state at a committed batch as a pyarrow Table, without Spark (spark_state.lifecycle.reading)."""
     from spark_state.lifecycle.reading import read_state as _read_state
 
     return _read_state(checkpoint_location, operator, store_name, batch, partitions, **kwargs)

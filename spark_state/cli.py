@@ -59,7 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("location")
     p.add_argument("-o", "--operator", type=int, required=True)
     p.add_argument("-p", "--partition", type=int, required=True)
-    p.add_argument("-s", "--store", default=DEFAULT_STORE, help=f"store name (joins have four); default '{DEFAULT_STORE}'")
+    p.add_argument("-s", "--store", default=DEFAULT_STORE,
+                   help=f"store name (joins have four); default '{DEFAULT_STORE}'")
     at = p.add_mutually_exclusive_group()
     at.add_argument("--batch", type=int, help="the state of this committed batch (default: the latest)")
     at.add_argument("--version", type=int, help="this store version (= batch + 1)")

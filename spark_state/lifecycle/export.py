@@ -55,7 +55,8 @@ def export(checkpoint_location: str, output: str, *, batch: int | None = None,
         for sid in stores:
             table = ckpt.store(sid).load(at + 1)
             if is_typed(table):   # Spark may repeat a field name (sum, sum); Parquet readers need them unique
-                table = as_table_of(table, unique_names(table.schema))   # by position: Table.cast matches struct fields by name
+                # by position: Table.cast matches struct fields by name
+                table = as_table_of(table, unique_names(table.schema))
             table = table.add_column(0, "partition", pa.array([sid.partition] * table.num_rows, pa.int32()))
             sink = io.BytesIO()
             pq.write_table(table, sink, compression="zstd")

@@ -23,7 +23,9 @@ from typing import Iterable, Sequence
 from spark_state.errors import StateLost, StateTooLarge, VersionNotFound
 from spark_state.options import PREFIX
 from spark_state.storage.base import CheckpointStorage
-from spark_state.storage.layout import MANIFEST_NAME, SHARED_DIR, file_version, manifest_path, record_path, version_dir_of
+from spark_state.storage.layout import (
+    MANIFEST_NAME, SHARED_DIR, file_version, manifest_path, record_path, version_dir_of,
+)
 
 _REGISTRY: dict[str, dict[str, bytes]] = {}
 _REGISTRY_LOCK = threading.Lock()
