@@ -415,6 +415,41 @@ class Rows:
         self._root.write_rows(idx, out, out.view(np.uint64), np.asarray(starts, dtype=np.int64))
 
 
+class Opaque:
+    """UnsafeRows that are bytes already (a format-1 table's binary ``key``/``value`` column), with
+    ``Rows``' interface: sized and copied as they are."""
+
+    def __init__(self, array: pa.Array | pa.ChunkedArray):
+        if isinstance(array, pa.ChunkedArray):
+            array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
+        if not (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):
+            raise TypeError(f"opaque UnsafeRows are a binary column, got {array.type}")
+        self._bytes = _Bytes(array)
+
+    def __len__(self) -> int:
+        return self._bytes.length
+
+    def valid(self) -> np.ndarray | None:
+        return self._bytes.valid(None)
+
+    def sizes(self, idx: np.ndarray | None = None) -> np.ndarray:
+        sizes = _take(self._bytes._len, idx)
+        bad = np.flatnonzero(sizes % 8)
+        if len(bad):
+            row = int(bad[0] if idx is None else idx[bad[0]])
+            raise ValueError(f"row {row} holds {int(sizes[bad[0]])} bytes, not an UnsafeRow (a multiple of 8)")
+        return sizes
+
+    def write(self, out: np.ndarray, starts: np.ndarray, idx: np.ndarray | None = None) -> None:
+        b = self._bytes
+        _copy_segments(out, np.asarray(starts, dtype=np.int64), b._data, _take(b._start, idx), _take(b._len, idx))
+
+
+def rows(array: pa.Array | pa.ChunkedArray) -> Rows | Opaque:
+    """The writer of a typed (struct) or opaque (binary) key or value column."""
+    return Rows(array) if pa.types.is_struct(array.type) else Opaque(array)
+
+
 def encode(array: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     """The UnsafeRow bytes of each row of a struct array: ``(offsets, data)``, row i being
     ``data[offsets[i]:offsets[i + 1]]``. A null row gets no bytes (tell it from a zero-field row by the
