@@ -244,6 +244,8 @@ def test_bad_input_is_refused():
         rowimage.encode(opaque_table([(0, 0, b"abc", b"")]))
     with pytest.raises(ValueError, match="negative"):
         rowimage.encode(opaque_table([(-1, 0, b"", b"")]))
+    with pytest.raises(ValueError, match="appears twice"):
+        rowimage.encode(opaque_table([(0, 5, bytes(8), b""), (0, 6, bytes(8), b""), (0, 5, bytes(8), None)]))
     with pytest.raises(ValueError, match="cannot be null"):
         rowimage.encode(opaque_table([(0, 0, None, b"")]))
     with pytest.raises(TypeError, match="tags"):

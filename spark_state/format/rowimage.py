@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator, NamedTuple, Sequence
 
@@ -104,8 +106,9 @@ def encode(table: pa.Table, *, block_bytes: int = BLOCK_BYTES, level: int = 1, c
            threads: int = 0) -> EncodedImage:
     """The row image of a table of ``kg, hash, key, value`` rows: typed (struct key and value, see
     spark_state.snapshot) or opaque (UnsafeRow bytes); a null value is a tombstone. Keys must be
-    distinct. ``level``: zstd's (negative: faster); ``threads`` > 0 compresses a chunk's blocks on that
-    many threads (zstandard's multi_compress_to_buffer), -1 on every core."""
+    distinct. ``level``: zstd's (negative: faster). ``threads`` > 0 compresses chunks of blocks on that
+    many threads while the caller's thread encodes the next chunks (zstd and most numpy release the GIL);
+    the bytes are the same either way."""
     if codec not in (RAW, ZSTD):
         raise ValueError(f"codec must be {RAW} (raw) or {ZSTD} (zstd), got {codec}")
     if block_bytes < HEADER_BYTES:
@@ -126,6 +129,7 @@ def encode(table: pa.Table, *, block_bytes: int = BLOCK_BYTES, level: int = 1, c
         order = np.argsort(sk)   # equal sort keys may come in any order
         sk = sk[order]
     n = len(sk)
+    _check_distinct(keys, sk, order)
     live = values.valid()
     live = np.ones(n, dtype=bool) if live is None else (live if order is None else live[order])
 
@@ -136,7 +140,6 @@ def encode(table: pa.Table, *, block_bytes: int = BLOCK_BYTES, level: int = 1, c
     np.cumsum(HEADER_BYTES + key_len + np.maximum(value_len, 0), out=cum[1:])
     first = _block_starts(cum, block_bytes)
 
-    compressor = zstandard.ZstdCompressor(level=level, write_checksum=False) if codec == ZSTD else None
     pieces, index = [], np.zeros(len(first), dtype=INDEX_ENTRY)
     ends = np.append(first[1:], n) if n else first
     index["first"], index["last"] = sk[first], sk[ends - 1]
@@ -144,13 +147,16 @@ def encode(table: pa.Table, *, block_bytes: int = BLOCK_BYTES, level: int = 1, c
     index["records"] = ends - first
     offsets, stored_len, crcs = (np.zeros(len(first), dtype=np.int64) for _ in range(3))
     offset = 0
-    for b0, b1 in _chunks(cum, first, ends):
-        r0, r1 = int(first[b0]), int(ends[b1 - 1])
-        raw = _records(keys, values, sk, order, r0, r1, cum, key_len, value_len, live)
-        cuts = cum[first[b0:b1]] - cum[r0]
-        blocks = _compress(compressor, raw, cuts, index["raw"][b0:b1], threads)
-        for b, stored in zip(range(b0, b1), blocks):
-            offsets[b], stored_len[b], crcs[b] = offset, len(stored), zlib.crc32(stored)
+
+    def chunks():   # the raw records of each run of blocks, and how to cut them
+        for b0, b1 in _chunks(cum, first, ends):
+            r0, r1 = int(first[b0]), int(ends[b1 - 1])
+            raw = _records(keys, values, sk, order, r0, r1, cum, key_len, value_len, live)
+            yield b0, b1, raw, cum[first[b0:b1]] - cum[r0], index["raw"][b0:b1]
+
+    for b0, b1, blocks in _stored(chunks(), codec, level, threads):
+        for b, (stored, crc) in zip(range(b0, b1), blocks):
+            offsets[b], stored_len[b], crcs[b] = offset, len(stored), crc
             offset += len(stored)
             pieces.append(stored)
     index["offset"], index["stored"], index["crc"] = offsets, stored_len, crcs
@@ -164,6 +170,28 @@ def encode(table: pa.Table, *, block_bytes: int = BLOCK_BYTES, level: int = 1, c
 def _rows(order, r0: int, r1: int) -> np.ndarray:
     """Positions in the table of sorted records [r0, r1)."""
     return np.arange(r0, r1, dtype=np.int64) if order is None else order[r0:r1]
+
+
+def _check_distinct(keys, sk: np.ndarray, order) -> None:
+    """Refuses a key given twice (a lookup would find only one of its rows). Only rows sharing a sort key
+    (kg and hash) can be equal: compared by their UnsafeRow bytes, which are few."""
+    same = np.flatnonzero(sk[1:] == sk[:-1])
+    if not len(same):
+        return
+    rows = np.unique(np.concatenate([same, same + 1]))
+    idx = _rows(order, 0, len(sk))[rows]
+    sizes = keys.sizes(idx)
+    starts = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=starts[1:])
+    data = np.zeros(int(starts[-1]), dtype=np.uint8)
+    keys.write(data, starts[:-1], idx)
+    seen = set()
+    for r, a, b in zip(rows.tolist(), starts[:-1].tolist(), starts[1:].tolist()):
+        key = (int(sk[r]), data[a:b].tobytes())
+        if key in seen:
+            raise ValueError(f"a key appears twice (key group {int(sk[r]) >> 32}, hash "
+                             f"{np.uint32(int(sk[r]) & 0xFFFFFFFF).view(np.int32)}): a row image holds each key once")
+        seen.add(key)
 
 
 def _block_starts(cum: np.ndarray, block_bytes: int) -> np.ndarray:
@@ -206,18 +234,35 @@ def _records(keys, values, sk, order, r0, r1, cum, key_len, value_len, live) -> 
     return raw
 
 
-def _compress(compressor, raw: np.ndarray, cuts: np.ndarray, lengths: np.ndarray, threads: int) -> list:
-    """Each block of a chunk as stored: raw bytes, or one zstd frame."""
+def _compress(codec: int, level: int, raw: np.ndarray, cuts: np.ndarray, lengths: np.ndarray) -> list:
+    """Each block of a chunk as stored (raw bytes, or one zstd frame), with its CRC-32."""
     view = memoryview(raw)
-    bounds = list(zip(cuts.tolist(), (cuts + lengths).tolist()))
-    if compressor is None:
-        return [bytes(view[a:b]) for a, b in bounds]
-    if threads and len(bounds) > 1:
-        segments = np.column_stack([cuts, lengths]).astype(np.uint64)
-        frames = compressor.multi_compress_to_buffer(zstandard.BufferWithSegments(raw, segments.tobytes()),
-                                                     threads=threads)
-        return [frame.tobytes() for frame in frames]
-    return [compressor.compress(view[a:b]) for a, b in bounds]
+    bounds = zip(cuts.tolist(), (cuts + lengths).tolist())
+    if codec == RAW:
+        stored = [bytes(view[a:b]) for a, b in bounds]
+    else:
+        compressor = zstandard.ZstdCompressor(level=level, write_checksum=False)   # one per thread
+        stored = [compressor.compress(view[a:b]) for a, b in bounds]
+    return [(block, zlib.crc32(block)) for block in stored]
+
+
+def _stored(chunks, codec: int, level: int, threads: int):
+    """(b0, b1, stored blocks) per chunk, in order; with threads, compressed on a pool that keeps up to
+    ``threads`` chunks in flight while the next ones are encoded."""
+    if threads <= 0:
+        for b0, b1, raw, cuts, lengths in chunks:
+            yield b0, b1, _compress(codec, level, raw, cuts, lengths)
+        return
+    with ThreadPoolExecutor(threads, thread_name_prefix="rowimage-zstd") as pool:
+        pending = deque()
+        for b0, b1, raw, cuts, lengths in chunks:
+            pending.append((b0, b1, pool.submit(_compress, codec, level, raw, cuts, lengths)))
+            if len(pending) > threads:
+                b0, b1, done = pending.popleft()
+                yield b0, b1, done.result()
+        while pending:
+            b0, b1, done = pending.popleft()
+            yield b0, b1, done.result()
 
 
 # ------------------------------------------------------------------ reading

@@ -137,6 +137,8 @@ def _values(arr: pa.Array, dtype, per_row: int = 1) -> np.ndarray:
 
 
 def _bits(arr: pa.Array) -> np.ndarray:
+    if len(arr) == 0:
+        return np.zeros(0, dtype=np.uint8)
     bits = np.frombuffer(arr.buffers()[1], dtype=np.uint8)
     return np.unpackbits(bits, count=arr.offset + len(arr), bitorder="little")[arr.offset:]
 
@@ -151,7 +153,7 @@ def _n(column, idx) -> int:
 
 def _copy_segments(out8: np.ndarray, dest: np.ndarray, src8: np.ndarray, src_start: np.ndarray,
                    lens: np.ndarray) -> None:
-    """out8[dest[i] : dest[i] + lens[i]] = src8[src_start[i] : ...] for every i, in one scatter."""
+    """out8[dest[i] : dest[i] + lens[i]] = src8[src_start[i] : ...] for every i, in one scatter of bytes."""
     total = int(lens.sum())
     if total == 0:
         return
@@ -159,13 +161,37 @@ def _copy_segments(out8: np.ndarray, dest: np.ndarray, src8: np.ndarray, src_sta
     pos = np.arange(total, dtype=np.int64)
     to = np.repeat(dest - before, lens)
     to += pos
-    shift = (src_start - before)[lens > 0]
-    if (shift == shift[0]).all():   # the values are one run of the source: no gather index needed
-        out8[to] = src8[shift[0]:shift[0] + total]
-    else:
-        frm = np.repeat(src_start - before, lens)
-        frm += pos
-        out8[to] = src8[frm]
+    frm = np.repeat(src_start - before, lens)
+    frm += pos
+    out8[to] = src8[frm]
+
+
+class _Words:
+    """Variable-length values read 8 bytes at a time from any byte offset (a 1-byte-strided uint64 view of
+    the values, padded so the last word can be read whole)."""
+
+    def __init__(self, data: np.ndarray):
+        padded = np.zeros(len(data) + 8, dtype=np.uint8)
+        padded[:len(data)] = data
+        self._keep = padded
+        self.at = np.ndarray(shape=(len(data) + 1,), dtype="<u8", buffer=padded, strides=(1,))
+
+    def copy(self, out64: np.ndarray, dest: np.ndarray, src_start: np.ndarray, lens: np.ndarray) -> None:
+        """Writes each value i at byte ``dest[i]`` (a multiple of 8) of zeroed memory, zero-padded to a
+        whole word: a scatter of words, 8x fewer than bytes."""
+        count = (lens + 7) >> 3
+        total = int(count.sum())
+        if total == 0:
+            return
+        first = np.cumsum(count) - count
+        within = np.arange(total, dtype=np.int64) - np.repeat(first, count)
+        words = self.at[np.repeat(src_start, count) + 8 * within]
+        tail = lens & 7
+        cut = np.flatnonzero(tail)   # values whose last word is partly beyond them: keep only their bytes
+        if len(cut):
+            last = first[cut] + count[cut] - 1
+            words[last] &= (np.uint64(1) << (8 * tail[cut]).astype(np.uint64)) - np.uint64(1)
+        out64[np.repeat(dest >> 3, count) + within] = words
 
 
 # ------------------------------------------------------------------ columns: one Arrow array as numpy views
@@ -173,8 +199,9 @@ def _copy_segments(out8: np.ndarray, dest: np.ndarray, src8: np.ndarray, src_sta
 # Each column answers, for the rows ``idx`` (positions in its array; None = all of them):
 #   valid(idx)      bools, or None when none is null
 #   var_bytes(idx)  bytes each row adds to its row's variable part, or None for a slot-only field
-#   slots(idx, out8, out64, starts, rel)  the 8-byte slot words, after writing any variable bytes at
-#                   starts + rel (starts: each row's byte offset in out8, rel: the field's offset in it)
+#   slots(idx, out8, out64, starts, rel, extra)  the 8-byte slot words, after writing any variable bytes
+#                   at starts + rel (starts: each row's byte offset in out8, rel: the field's offset in
+#                   it, extra: what var_bytes(idx) returned)
 
 class _Column:
     def __init__(self, arr: pa.Array):
@@ -193,7 +220,7 @@ class _Fixed(_Column):
         super().__init__(arr)
         self._bits = _values(arr, dtype)
 
-    def slots(self, idx, out8, out64, starts, rel):
+    def slots(self, idx, out8, out64, starts, rel, extra):
         words = _take(self._bits, idx).astype(np.uint64)
         valid = self.valid(idx)
         if valid is not None:
@@ -224,7 +251,7 @@ class _SmallDecimal(_Fixed):
 
 
 class _Null(_Column):
-    def slots(self, idx, out8, out64, starts, rel):
+    def slots(self, idx, out8, out64, starts, rel, extra):
         return np.zeros(_n(self, idx), dtype=np.uint64)
 
 
@@ -242,13 +269,19 @@ class _Bytes(_Column):
             self._len[~self._valid] = 0
         data = arr.buffers()[2]
         self._data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
+        self._words = None
+
+    def words(self) -> _Words:
+        if self._words is None:
+            self._words = _Words(self._data)
+        return self._words
 
     def var_bytes(self, idx):
         return (_take(self._len, idx) + 7) & ~7
 
-    def slots(self, idx, out8, out64, starts, rel):
+    def slots(self, idx, out8, out64, starts, rel, extra):
         lens = _take(self._len, idx)
-        _copy_segments(out8, starts + rel, self._data, _take(self._start, idx), lens)
+        self.words().copy(out64, starts + rel, _take(self._start, idx), lens)
         words = (rel.astype(np.uint64) << _U32) | lens.astype(np.uint64)
         valid = self.valid(idx)
         if valid is not None:
@@ -267,7 +300,7 @@ class _BigDecimal(_Column):
     def var_bytes(self, idx):
         return np.full(_n(self, idx), 16, dtype=np.int64)
 
-    def slots(self, idx, out8, out64, starts, rel):
+    def slots(self, idx, out8, out64, starts, rel, extra):
         le = _take(self._le, idx)
         valid = self.valid(idx)
         count = _min_bytes(le)
@@ -324,7 +357,7 @@ class _Struct(_Column):
         nulls = [None] * self.words
         for j, field in enumerate(self.fields):
             extra = field.var_bytes(idx)
-            out64[base + (self.words + j)] = field.slots(idx, out8, out64, starts, rel)
+            out64[base + (self.words + j)] = field.slots(idx, out8, out64, starts, rel, extra)
             if extra is not None:
                 rel += extra
             valid = field.valid(idx)
@@ -352,12 +385,11 @@ class _Struct(_Column):
         out[valid] = sizes
         return out
 
-    def slots(self, idx, out8, out64, starts, rel):
+    def slots(self, idx, out8, out64, starts, rel, extra):
         rows, valid = self._present(idx)
-        sizes = self.var_bytes(idx)
         at = starts + rel
         self.write_rows(rows, out8, out64, at if valid is None else at[valid])
-        words = (rel.astype(np.uint64) << _U32) | sizes.astype(np.uint64)
+        words = (rel.astype(np.uint64) << _U32) | extra.astype(np.uint64)
         if valid is not None:
             words[~valid] = 0
         return words
@@ -442,7 +474,8 @@ class Opaque:
 
     def write(self, out: np.ndarray, starts: np.ndarray, idx: np.ndarray | None = None) -> None:
         b = self._bytes
-        _copy_segments(out, np.asarray(starts, dtype=np.int64), b._data, _take(b._start, idx), _take(b._len, idx))
+        b.words().copy(out.view(np.uint64), np.asarray(starts, dtype=np.int64), _take(b._start, idx),
+                       _take(b._len, idx))
 
 
 def rows(array: pa.Array | pa.ChunkedArray) -> Rows | Opaque:
