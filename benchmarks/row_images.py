@@ -57,7 +57,7 @@ def bench_rows(n: int, gen: int = 1) -> pa.Table:
     key = pa.StructArray.from_arrays([pa.array(i)], fields=[pa.field("k", pa.int64(), False)])
     value = pa.StructArray.from_arrays(
         [pa.array(i), pa.array(i * 31 + gen), pa.array(i * 0.5), pa.array(np.full(n, gen, np.int32)),
-         pa.array(pool[(i + gen) & 1023])],
+         pa.array(pool).take(pa.array((i + gen) & 1023))],
         fields=[pa.field(name, t, False) for name, t in
                 [("a", pa.int64()), ("b", pa.int64()), ("c", pa.float64()), ("d", pa.int32()), ("s", pa.string())]])
     return _keyed(n, key, value, seed=1)
@@ -72,7 +72,7 @@ def sessions_rows(n: int, gen: int = 1) -> pa.Table:
     state = pa.StructArray.from_arrays(
         [pa.array(session), pa.array(gen * 3 + i % 7), pa.array(((i + gen) % 3 == 0).astype(np.int64)),
          pa.array(first).view(pa.timestamp("us", tz="UTC")), pa.array(last).view(pa.timestamp("us", tz="UTC")),
-         pa.array(np.array(PAGES)[(i + gen) % len(PAGES)]), pa.array(np.array(COUNTRIES)[i % len(COUNTRIES)])],
+         pa.array(PAGES).take(pa.array((i + gen) % len(PAGES))), pa.array(COUNTRIES).take(pa.array(i % len(COUNTRIES)))],
         names=["session_id", "clicks", "purchases", "first_seen", "last_seen", "last_page", "country"])
     value = pa.StructArray.from_arrays([state, pa.array(last // 1000 + 1_800_000)],
                                        fields=[pa.field("groupState", state.type, True),

@@ -417,6 +417,12 @@ def _column(arr: pa.Array) -> _Column:
 
 # ------------------------------------------------------------------ public API
 
+def _one_array(array: pa.Array | pa.ChunkedArray) -> pa.Array:
+    if isinstance(array, pa.ChunkedArray):
+        return array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
+    return array
+
+
 class Rows:
     """A struct array's rows, ready to be written as UnsafeRows: numpy views of its buffers, built once,
     so that many slices of rows (``idx``) can be sized and written without touching Arrow again."""
@@ -425,8 +431,7 @@ class Rows:
         support = supports(array.type)
         if not support:
             raise TypeError(f"cannot write {array.type} as UnsafeRows: {support.reason}")
-        if isinstance(array, pa.ChunkedArray):
-            array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
+        array = _one_array(array)
         self.type = array.type
         self._root = _Struct(array)
 
@@ -452,8 +457,7 @@ class Opaque:
     ``Rows``' interface: sized and copied as they are."""
 
     def __init__(self, array: pa.Array | pa.ChunkedArray):
-        if isinstance(array, pa.ChunkedArray):
-            array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
+        array = _one_array(array)
         if not (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):
             raise TypeError(f"opaque UnsafeRows are a binary column, got {array.type}")
         self._bytes = _Bytes(array)
