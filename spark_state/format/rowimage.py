@@ -113,85 +113,111 @@ def encode(table: pa.Table, *, block_bytes: int = BLOCK_BYTES, level: int = 1, c
         raise ValueError(f"codec must be {RAW} (raw) or {ZSTD} (zstd), got {codec}")
     if block_bytes < HEADER_BYTES:
         raise ValueError(f"block_bytes must be at least {HEADER_BYTES}, got {block_bytes}")
-    table = snapshot.conform(table)
-    if snapshot.needs_wide([table]):   # 32-bit offsets cannot hold the concatenated column
-        table = snapshot.widen_typed(table) if snapshot.is_typed(table) else snapshot.widen(table)
-    keys = unsaferow.rows(table.column("key"))
-    values = unsaferow.rows(table.column("value"))
-    if keys.valid() is not None:
-        raise ValueError("a row image's keys cannot be null")
-    kg = table.column("kg").to_numpy()
-    if len(kg) and kg.min() < 0:
-        raise ValueError(f"key group {int(kg.min())} is negative: key groups are pmod(hash, maxParallelism)")
-    sk = sort_keys(kg, table.column("hash").to_numpy())
-    order = None
-    if len(sk) > 1 and np.any(sk[1:] < sk[:-1]):
-        order = np.argsort(sk)   # equal sort keys may come in any order
-        sk = sk[order]
-    n = len(sk)
-    _check_distinct(keys, sk, order)
-    live = values.valid()
-    live = np.ones(n, dtype=bool) if live is None else (live if order is None else live[order])
-
-    key_len = keys.sizes(order)
-    value_len = np.full(n, -1, dtype=np.int64)
-    value_len[live] = values.sizes(_rows(order, 0, n)[live])
-    cum = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(HEADER_BYTES + key_len + np.maximum(value_len, 0), out=cum[1:])
-    first = _block_starts(cum, block_bytes)
-
-    pieces, index = [], np.zeros(len(first), dtype=INDEX_ENTRY)
-    ends = np.append(first[1:], n) if n else first
-    index["first"], index["last"] = sk[first], sk[ends - 1]
-    index["raw"] = cum[ends] - cum[first]
-    index["records"] = ends - first
-    offsets, stored_len, crcs = (np.zeros(len(first), dtype=np.int64) for _ in range(3))
-    offset = 0
-
-    def chunks():   # the raw records of each run of blocks, and how to cut them
-        for b0, b1 in _chunks(cum, first, ends):
-            r0, r1 = int(first[b0]), int(ends[b1 - 1])
-            raw = _records(keys, values, sk, order, r0, r1, cum, key_len, value_len, live)
-            yield b0, b1, raw, cum[first[b0:b1]] - cum[r0], index["raw"][b0:b1]
-
-    for b0, b1, blocks in _stored(chunks(), codec, level, threads):
+    layout = _Layout(table, block_bytes)
+    index = layout.index()
+    pieces, offset = [], 0
+    for b0, b1, blocks in _stored(layout.chunks(), codec, level, threads):
         for b, (stored, crc) in zip(range(b0, b1), blocks):
-            offsets[b], stored_len[b], crcs[b] = offset, len(stored), crc
+            index[b]["offset"], index[b]["stored"], index[b]["crc"] = offset, len(stored), crc
             offset += len(stored)
             pieces.append(stored)
-    index["offset"], index["stored"], index["crc"] = offsets, stored_len, crcs
     index_bytes = index.tobytes()
-    flags = TOMBSTONES if not live.all() else 0
-    trailer = _TRAILER.pack(offset, n, len(first), zlib.crc32(index_bytes), codec, flags, MAGIC, VERSION)
+    flags = 0 if layout.live.all() else TOMBSTONES
+    trailer = _TRAILER.pack(offset, layout.n, len(index), zlib.crc32(index_bytes), codec, flags, MAGIC, VERSION)
     data = b"".join([*pieces, index_bytes, trailer])
-    return EncodedImage(data, n, snapshot.crc32_hex(data), len(first), bool(flags))
+    return EncodedImage(data, layout.n, snapshot.crc32_hex(data), len(index), bool(flags))
 
 
-def _rows(order, r0: int, r1: int) -> np.ndarray:
-    """Positions in the table of sorted records [r0, r1)."""
-    return np.arange(r0, r1, dtype=np.int64) if order is None else order[r0:r1]
+class _Layout:
+    """Where every record of an image goes: the rows in sort-key order, each record's size and offset,
+    and the block cuts; then the records' bytes, a chunk of whole blocks at a time."""
 
+    def __init__(self, table: pa.Table, block_bytes: int):
+        table = snapshot.conform(table)
+        if snapshot.needs_wide([table]):   # 32-bit offsets cannot hold the concatenated column
+            table = snapshot.widen_typed(table) if snapshot.is_typed(table) else snapshot.widen(table)
+        self.keys = unsaferow.rows(table.column("key"))
+        self.values = unsaferow.rows(table.column("value"))
+        if self.keys.valid() is not None:
+            raise ValueError("a row image's keys cannot be null")
+        kg = table.column("kg").to_numpy()
+        if len(kg) and kg.min() < 0:
+            raise ValueError(f"key group {int(kg.min())} is negative: key groups are pmod(hash, maxParallelism)")
+        self.sk = sort_keys(kg, table.column("hash").to_numpy())
+        self.n = n = len(self.sk)
+        self.order = None   # table row of each record; None: the table is in sort-key order already
+        if n > 1 and np.any(self.sk[1:] < self.sk[:-1]):
+            self.order = np.argsort(self.sk)   # equal sort keys may come in any order
+            self.sk = self.sk[self.order]
+        self._check_distinct()
+        live = self.values.valid()
+        self.live = np.ones(n, dtype=bool) if live is None else live if self.order is None else live[self.order]
+        self.key_len = self.keys.sizes(self.order)
+        self.value_len = np.full(n, -1, dtype=np.int64)
+        self.value_len[self.live] = self.values.sizes(self.rows(0, n)[self.live])
+        self.cum = np.zeros(n + 1, dtype=np.int64)   # byte offset of each record in the raw stream
+        np.cumsum(HEADER_BYTES + self.key_len + np.maximum(self.value_len, 0), out=self.cum[1:])
+        self.first = _block_starts(self.cum, block_bytes)
+        self.ends = np.append(self.first[1:], n) if n else self.first
 
-def _check_distinct(keys, sk: np.ndarray, order) -> None:
-    """Refuses a key given twice (a lookup would find only one of its rows). Only rows sharing a sort key
-    (kg and hash) can be equal: compared by their UnsafeRow bytes, which are few."""
-    same = np.flatnonzero(sk[1:] == sk[:-1])
-    if not len(same):
-        return
-    rows = np.unique(np.concatenate([same, same + 1]))
-    idx = _rows(order, 0, len(sk))[rows]
-    sizes = keys.sizes(idx)
-    starts = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=starts[1:])
-    data = np.zeros(int(starts[-1]), dtype=np.uint8)
-    keys.write(data, starts[:-1], idx)
-    seen = set()
-    for r, a, b in zip(rows.tolist(), starts[:-1].tolist(), starts[1:].tolist()):
-        key = (int(sk[r]), data[a:b].tobytes())
-        if key in seen:
-            raise ValueError(f"a key appears twice (key group {int(sk[r]) >> 32}, hash "
-                             f"{np.uint32(int(sk[r]) & 0xFFFFFFFF).view(np.int32)}): a row image holds each key once")
-        seen.add(key)
+    def rows(self, r0: int, r1: int) -> np.ndarray:
+        """Table rows of records [r0, r1)."""
+        return np.arange(r0, r1, dtype=np.int64) if self.order is None else self.order[r0:r1]
+
+    def _check_distinct(self) -> None:
+        """Refuses a key given twice (a lookup would find one of its rows). Only rows sharing a sort key
+        (key group and hash) can be equal: those few are compared by their UnsafeRow bytes."""
+        same = np.flatnonzero(self.sk[1:] == self.sk[:-1])
+        if not len(same):
+            return
+        records = np.unique(np.concatenate([same, same + 1]))
+        idx = self.rows(0, self.n)[records]
+        starts = np.zeros(len(records) + 1, dtype=np.int64)
+        np.cumsum(self.keys.sizes(idx), out=starts[1:])
+        data = np.zeros(int(starts[-1]), dtype=np.uint8)
+        self.keys.write(data, starts[:-1], idx)
+        seen = set()
+        for r, a, b in zip(records.tolist(), starts[:-1].tolist(), starts[1:].tolist()):
+            s = int(self.sk[r])
+            if (s, data[a:b].tobytes()) in seen:
+                raise ValueError(f"a key appears twice (key group {s >> 32}, hash "
+                                 f"{np.uint32(s & 0xFFFFFFFF).view(np.int32)}): a row image holds each key once")
+            seen.add((s, data[a:b].tobytes()))
+
+    def index(self) -> np.ndarray:
+        """The block index, but for where each block is stored (known once it is compressed)."""
+        index = np.zeros(len(self.first), dtype=INDEX_ENTRY)
+        index["first"], index["last"] = self.sk[self.first], self.sk[self.ends - 1]
+        index["raw"] = self.cum[self.ends] - self.cum[self.first]
+        index["records"] = self.ends - self.first
+        return index
+
+    def chunks(self) -> Iterator[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]]:
+        """(b0, b1, raw bytes, each block's offset in them, each block's length) for runs of whole blocks
+        [b0, b1) of about CHUNK_BYTES (at least one block each)."""
+        cum, first, ends = self.cum, self.first, self.ends
+        b0 = 0
+        while b0 < len(first):
+            b1 = max(int(np.searchsorted(cum[ends], cum[first[b0]] + CHUNK_BYTES, side="right")), b0 + 1)
+            r0, r1 = int(first[b0]), int(ends[b1 - 1])
+            yield b0, b1, self.records(r0, r1), cum[first[b0:b1]] - cum[r0], cum[ends[b0:b1]] - cum[first[b0:b1]]
+            b0 = b1
+
+    def records(self, r0: int, r1: int) -> np.ndarray:
+        """The raw bytes of records [r0, r1): each header, then the key's and the value's UnsafeRow."""
+        raw = np.zeros(int(self.cum[r1] - self.cum[r0]), dtype=np.uint8)
+        words = raw.view(np.uint64)
+        at = self.cum[r0:r1] - self.cum[r0]
+        sk = self.sk[r0:r1]
+        # header words, little-endian: (kg, hash) is the sort key's halves swapped; then (keyLength, valueLength)
+        words[at >> 3] = (sk >> np.uint64(32)) | ((sk & np.uint64(0xFFFFFFFF)) << np.uint64(32))
+        klen, vlen = self.key_len[r0:r1], self.value_len[r0:r1]
+        words[(at >> 3) + 1] = klen.astype(np.uint64) | (vlen.astype(np.uint32).astype(np.uint64) << np.uint64(32))
+        idx = self.rows(r0, r1)
+        self.keys.write(raw, at + HEADER_BYTES, idx)
+        live = self.live[r0:r1]
+        self.values.write(raw, (at + HEADER_BYTES + klen)[live], idx[live])
+        return raw
 
 
 def _block_starts(cum: np.ndarray, block_bytes: int) -> np.ndarray:
@@ -204,34 +230,6 @@ def _block_starts(cum: np.ndarray, block_bytes: int) -> np.ndarray:
         j = int(np.searchsorted(cum, cum[i] + block_bytes, side="right")) - 1   # last boundary that fits
         i = max(j, i + 1)
     return np.asarray(starts, dtype=np.int64)
-
-
-def _chunks(cum: np.ndarray, first: np.ndarray, ends: np.ndarray) -> Iterator[tuple[int, int]]:
-    """Runs of whole blocks [b0, b1) of about CHUNK_BYTES raw bytes (at least one block each)."""
-    b0, count = 0, len(first)
-    while b0 < count:
-        b1 = int(np.searchsorted(cum[ends], cum[first[b0]] + CHUNK_BYTES, side="right"))
-        b1 = max(b1, b0 + 1)
-        yield b0, b1
-        b0 = b1
-
-
-def _records(keys, values, sk, order, r0, r1, cum, key_len, value_len, live) -> np.ndarray:
-    """The raw bytes of records [r0, r1): headers, then each key's and value's UnsafeRow."""
-    raw = np.zeros(int(cum[r1] - cum[r0]), dtype=np.uint8)
-    words = raw.view(np.uint64)
-    at = cum[r0:r1] - cum[r0]
-    head = at >> 3
-    part_sk = sk[r0:r1]
-    kgs = part_sk >> np.uint64(32)
-    words[head] = kgs | ((part_sk & np.uint64(0xFFFFFFFF)) << np.uint64(32))
-    klen, vlen = key_len[r0:r1], value_len[r0:r1]
-    words[head + 1] = klen.astype(np.uint64) | (vlen.astype(np.uint32).astype(np.uint64) << np.uint64(32))
-    idx = _rows(order, r0, r1)
-    keys.write(raw, at + HEADER_BYTES, idx)
-    alive = live[r0:r1]
-    values.write(raw, (at + HEADER_BYTES + klen)[alive], idx[alive])
-    return raw
 
 
 def _compress(codec: int, level: int, raw: np.ndarray, cuts: np.ndarray, lengths: np.ndarray) -> list:
