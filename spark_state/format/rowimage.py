@@ -1,0 +1,422 @@
+"""Row images: state files the JVM looks keys up in directly (issue 23), without decoding any row.
+
+A row image holds one store's rows as Spark's own ``UnsafeRow`` bytes, sorted by (key group, hash), in
+small independently compressed blocks behind a block index: a get is one binary search in the index,
+one block decompression and a scan of ~100 records. The worker writes one beside each typed snapshot
+(derived from it, so the two cannot disagree); the JVM writes them as spill runs. All integers
+little-endian::
+
+    [block 0] ... [block B-1] [index: B entries of 40 bytes] [trailer: 40 bytes]
+
+record     i32 kg (key group, pmod(hash, maxParallelism)), i32 hash (Spark's Murmur3 of the key),
+           i32 keyLength, i32 valueLength (-1: a tombstone, the key is deleted, no value bytes),
+           then the key's UnsafeRow bytes (byte-identical to Spark's UnsafeProjection: lookups compare
+           them) and the value's. Both lengths are multiples of 8, so every record starts 8-aligned.
+order      ascending *sort key* ``kg * 2**32 + (hash as unsigned 32-bit)``; equal sort keys in any
+           order; a key at most once per file.
+block      records packed while the block's raw size stays <= blockBytes (default 16 KiB; a larger
+           record gets a block of its own; no record is split), stored as one zstd frame (codec 1)
+           or raw (codec 0); blocks follow each other from byte 0 with no gaps.
+index      per block: u64 firstSortKey, u64 lastSortKey, u64 offset, u32 storedLength,
+           u32 rawLength, u32 crc32 (zlib's CRC-32 of the stored bytes), u32 records.
+trailer    u64 indexOffset, u64 records, u32 blockCount, u32 indexCrc32, u32 codec, u32 flags
+           (bit 0: the file holds tombstones; snapshot images never do), then the magic ``SPKSTRI``
+           and the format version byte (1).
+
+A reader checks the magic and version (a newer version is a FormatVersionError: upgrade spark_state),
+that trailer, index and blocks add up to the file's size, the index's CRC before using it, and each
+block's CRC before decompressing it (when verifying); anything else is a ChecksumMismatch naming the
+file and the block. The whole file's CRC-32 and size go into the manifest entry that names it.
+
+Lookup of a key (kg, hash h, key bytes k): s = kg * 2**32 + (h & 0xFFFFFFFF); binary-search the first
+block whose lastSortKey >= s; scan blocks from there while firstSortKey <= s, in each the records while
+their sort key <= s, comparing keyLength and key bytes of those whose sort key == s. Found with
+valueLength >= 0: the value; with -1: deleted; not found: absent from this file.
+
+Writing is vectorised: keys and values are encoded straight into each chunk of blocks
+(``spark_state.format.unsaferow``), compressed block by block; only the block cuts walk block by block
+(packing "while it fits" is a recurrence: one binary search per block, never a loop per row).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Iterator, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import zstandard
+
+from spark_state.errors import ChecksumMismatch, FormatVersionError
+from spark_state.format import tables, unsaferow
+from spark_state.format.datafile import Fetch, crc32_hex
+
+MAGIC = b"SPKSTRI"
+VERSION = 1
+RAW, ZSTD = 0, 1
+#: Trailer flag: the file holds tombstones (records with valueLength -1).
+TOMBSTONES = 1
+BLOCK_BYTES = 16 * 1024
+HEADER_BYTES = 16
+INDEX_ENTRY = np.dtype([("first", "<u8"), ("last", "<u8"), ("offset", "<u8"), ("stored", "<u4"),
+                        ("raw", "<u4"), ("crc", "<u4"), ("records", "<u4")])
+_TRAILER = struct.Struct("<QQIIII7sB")
+TRAILER_BYTES = _TRAILER.size
+_HEADER = struct.Struct("<iiii")
+#: Raw bytes of records encoded at once (whole blocks): bounds the encoder's memory whatever the file size.
+CHUNK_BYTES = 8 * 1024 * 1024
+
+assert INDEX_ENTRY.itemsize == 40 and TRAILER_BYTES == 40
+
+
+
+def sort_keys(kg: np.ndarray, hashes: np.ndarray) -> np.ndarray:
+    """``kg * 2**32 + (hash as unsigned)`` as uint64: the order of a row image's records."""
+    return (np.asarray(kg).astype(np.uint64) << np.uint64(32)) | np.asarray(hashes, np.int32).view(np.uint32)
+
+
+def sort_key(kg: int, h: int) -> int:
+    return (kg << 32) | (h & 0xFFFFFFFF)
+
+
+# ------------------------------------------------------------------ writing
+
+@dataclass(frozen=True)
+class EncodedImage:
+    """A serialised row image and what its manifest entry records about it."""
+
+    data: bytes
+    rows: int
+    checksum: str
+    blocks: int
+    tombstones: bool
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+
+def encode(table: pa.Table, *, block_bytes: int = BLOCK_BYTES, level: int = 1, codec: int = ZSTD,
+           threads: int = 0) -> EncodedImage:
+    """The row image of a table of ``kg, hash, key, value`` rows: typed (struct key and value, see
+    spark_state.format.datafile) or opaque (UnsafeRow bytes); a null value is a tombstone. Keys must be
+    distinct. ``level``: zstd's (negative: faster). ``threads`` > 0 compresses chunks of blocks on that
+    many threads while the caller's thread encodes the next chunks (zstd and most numpy release the GIL);
+    the bytes are the same either way."""
+    if codec not in (RAW, ZSTD):
+        raise ValueError(f"codec must be {RAW} (raw) or {ZSTD} (zstd), got {codec}")
+    if block_bytes < HEADER_BYTES:
+        raise ValueError(f"block_bytes must be at least {HEADER_BYTES}, got {block_bytes}")
+    layout = _Layout(table, block_bytes)
+    index = layout.index()
+    pieces, offset = [], 0
+    for b0, b1, blocks in _stored(layout.chunks(), codec, level, threads):
+        for b, (stored, crc) in zip(range(b0, b1), blocks):
+            index[b]["offset"], index[b]["stored"], index[b]["crc"] = offset, len(stored), crc
+            offset += len(stored)
+            pieces.append(stored)
+    index_bytes = index.tobytes()
+    flags = 0 if layout.live.all() else TOMBSTONES
+    trailer = _TRAILER.pack(offset, layout.n, len(index), zlib.crc32(index_bytes), codec, flags, MAGIC, VERSION)
+    data = b"".join([*pieces, index_bytes, trailer])
+    return EncodedImage(data, layout.n, crc32_hex(data), len(index), bool(flags))
+
+
+class _Layout:
+    """Where every record of an image goes: the rows in sort-key order, each record's size and offset,
+    and the block cuts; then the records' bytes, a chunk of whole blocks at a time."""
+
+    def __init__(self, table: pa.Table, block_bytes: int):
+        table = tables.conform(table)
+        if tables.needs_wide([table]):   # 32-bit offsets cannot hold the concatenated column
+            table = tables.widen_typed(table) if tables.is_typed(table) else tables.widen(table)
+        self.keys = unsaferow.rows(table.column("key"))
+        self.values = unsaferow.rows(table.column("value"))
+        if self.keys.valid() is not None:
+            raise ValueError("a row image's keys cannot be null")
+        kg = table.column("kg").to_numpy()
+        if len(kg) and kg.min() < 0:
+            raise ValueError(f"key group {int(kg.min())} is negative: key groups are pmod(hash, maxParallelism)")
+        self.sk = sort_keys(kg, table.column("hash").to_numpy())
+        self.n = n = len(self.sk)
+        self.order = None   # table row of each record; None: the table is in sort-key order already
+        if n > 1 and np.any(self.sk[1:] < self.sk[:-1]):
+            self.order = np.argsort(self.sk)   # equal sort keys may come in any order
+            self.sk = self.sk[self.order]
+        self._check_distinct()
+        live = self.values.valid()
+        self.live = np.ones(n, dtype=bool) if live is None else live if self.order is None else live[self.order]
+        self.key_len = self.keys.sizes(self.order)
+        self.value_len = np.full(n, -1, dtype=np.int64)
+        self.value_len[self.live] = self.values.sizes(self.rows(0, n)[self.live])
+        self.cum = np.zeros(n + 1, dtype=np.int64)   # byte offset of each record in the raw stream
+        np.cumsum(HEADER_BYTES + self.key_len + np.maximum(self.value_len, 0), out=self.cum[1:])
+        self.first = _block_starts(self.cum, block_bytes)
+        self.ends = np.append(self.first[1:], n) if n else self.first
+
+    def rows(self, r0: int, r1: int) -> np.ndarray:
+        """Table rows of records [r0, r1)."""
+        return np.arange(r0, r1, dtype=np.int64) if self.order is None else self.order[r0:r1]
+
+    def _check_distinct(self) -> None:
+        """Refuses a key given twice (a lookup would find one of its rows). Only rows sharing a sort key
+        (key group and hash) can be equal: those few are compared by their UnsafeRow bytes."""
+        same = np.flatnonzero(self.sk[1:] == self.sk[:-1])
+        if not len(same):
+            return
+        records = np.unique(np.concatenate([same, same + 1]))
+        idx = self.rows(0, self.n)[records]
+        starts = np.zeros(len(records) + 1, dtype=np.int64)
+        np.cumsum(self.keys.sizes(idx), out=starts[1:])
+        data = np.zeros(int(starts[-1]), dtype=np.uint8)
+        self.keys.write(data, starts[:-1], idx)
+        seen = set()
+        for r, a, b in zip(records.tolist(), starts[:-1].tolist(), starts[1:].tolist()):
+            s = int(self.sk[r])
+            if (s, data[a:b].tobytes()) in seen:
+                raise ValueError(f"a key appears twice (key group {s >> 32}, hash "
+                                 f"{np.uint32(s & 0xFFFFFFFF).view(np.int32)}): a row image holds each key once")
+            seen.add((s, data[a:b].tobytes()))
+
+    def index(self) -> np.ndarray:
+        """The block index, but for where each block is stored (known once it is compressed)."""
+        index = np.zeros(len(self.first), dtype=INDEX_ENTRY)
+        index["first"], index["last"] = self.sk[self.first], self.sk[self.ends - 1]
+        index["raw"] = self.cum[self.ends] - self.cum[self.first]
+        index["records"] = self.ends - self.first
+        return index
+
+    def chunks(self) -> Iterator[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]]:
+        """(b0, b1, raw bytes, each block's offset in them, each block's length) for runs of whole blocks
+        [b0, b1) of about CHUNK_BYTES (at least one block each)."""
+        cum, first, ends = self.cum, self.first, self.ends
+        b0 = 0
+        while b0 < len(first):
+            b1 = max(int(np.searchsorted(cum[ends], cum[first[b0]] + CHUNK_BYTES, side="right")), b0 + 1)
+            r0, r1 = int(first[b0]), int(ends[b1 - 1])
+            yield b0, b1, self.records(r0, r1), cum[first[b0:b1]] - cum[r0], cum[ends[b0:b1]] - cum[first[b0:b1]]
+            b0 = b1
+
+    def records(self, r0: int, r1: int) -> np.ndarray:
+        """The raw bytes of records [r0, r1): each header, then the key's and the value's UnsafeRow."""
+        raw = np.zeros(int(self.cum[r1] - self.cum[r0]), dtype=np.uint8)
+        words = raw.view(np.uint64)
+        at = self.cum[r0:r1] - self.cum[r0]
+        sk = self.sk[r0:r1]
+        # header words, little-endian: (kg, hash) is the sort key's halves swapped; then (keyLength, valueLength)
+        words[at >> 3] = (sk >> np.uint64(32)) | ((sk & np.uint64(0xFFFFFFFF)) << np.uint64(32))
+        klen, vlen = self.key_len[r0:r1], self.value_len[r0:r1]
+        words[(at >> 3) + 1] = klen.astype(np.uint64) | (vlen.astype(np.uint32).astype(np.uint64) << np.uint64(32))
+        idx = self.rows(r0, r1)
+        self.keys.write(raw, at + HEADER_BYTES, idx)
+        live = self.live[r0:r1]
+        self.values.write(raw, (at + HEADER_BYTES + klen)[live], idx[live])
+        return raw
+
+
+def _block_starts(cum: np.ndarray, block_bytes: int) -> np.ndarray:
+    """First record of each block: greedy packing while the block's raw size stays <= block_bytes,
+    one binary search per block over the records' cumulative sizes."""
+    n = len(cum) - 1
+    starts, i = [], 0
+    while i < n:
+        starts.append(i)
+        j = int(np.searchsorted(cum, cum[i] + block_bytes, side="right")) - 1   # last boundary that fits
+        i = max(j, i + 1)
+    return np.asarray(starts, dtype=np.int64)
+
+
+def _compress(codec: int, level: int, raw: np.ndarray, cuts: np.ndarray, lengths: np.ndarray) -> list:
+    """Each block of a chunk as stored (raw bytes, or one zstd frame), with its CRC-32."""
+    view = memoryview(raw)
+    bounds = zip(cuts.tolist(), (cuts + lengths).tolist())
+    if codec == RAW:
+        stored = [bytes(view[a:b]) for a, b in bounds]
+    else:
+        compressor = zstandard.ZstdCompressor(level=level, write_checksum=False)   # one per thread
+        stored = [compressor.compress(view[a:b]) for a, b in bounds]
+    return [(block, zlib.crc32(block)) for block in stored]
+
+
+def _stored(chunks, codec: int, level: int, threads: int):
+    """(b0, b1, stored blocks) per chunk, in order; with threads, compressed on a pool that keeps up to
+    ``threads`` chunks in flight while the next ones are encoded."""
+    if threads <= 0:
+        for b0, b1, raw, cuts, lengths in chunks:
+            yield b0, b1, _compress(codec, level, raw, cuts, lengths)
+        return
+    with ThreadPoolExecutor(threads, thread_name_prefix="rowimage-zstd") as pool:
+        pending = deque()
+        for b0, b1, raw, cuts, lengths in chunks:
+            pending.append((b0, b1, pool.submit(_compress, codec, level, raw, cuts, lengths)))
+            if len(pending) > threads:
+                b0, b1, done = pending.popleft()
+                yield b0, b1, done.result()
+        while pending:
+            b0, b1, done = pending.popleft()
+            yield b0, b1, done.result()
+
+
+# ------------------------------------------------------------------ reading
+
+class Record(NamedTuple):
+    kg: int
+    hash: int
+    key: bytes
+    value: bytes | None   # None: a tombstone
+
+
+#: What ``lookup`` returns for a key a file holds as deleted (absent keys give None).
+DELETED = object()
+
+
+def _corrupt(name: str, why: str) -> ChecksumMismatch:
+    return ChecksumMismatch(
+        f"row image {name} {why}; it is corrupted or truncated. It is derived state: rebuild it (or read "
+        f"the snapshot it was made from) — its rows cannot be trusted.")
+
+
+class RowImage:
+    """A row image opened for lookups and scans: trailer and index read and checked once, blocks read
+    (by byte range when ``source`` is a Fetch) and checked when used."""
+
+    def __init__(self, source, name: str, *, size: int | None = None, verify: bool = True):
+        self.name = name
+        self.verify = verify
+        if callable(source):
+            if size is None:
+                raise ValueError(f"reading row image {name} by byte ranges needs its size")
+            self._fetch = source
+        else:
+            whole = memoryview(source).cast("B")
+            size = len(whole) if size is None else size
+            self._fetch = lambda ranges: [whole[a:b] for a, b in ranges]
+        self.size = size
+        if size < TRAILER_BYTES:
+            raise _corrupt(name, f"has {size} bytes, fewer than its {TRAILER_BYTES}-byte trailer")
+        (trailer,) = self._read([(size - TRAILER_BYTES, size)])
+        index_offset, self.rows, blocks, index_crc, self.codec, flags, magic, version = _TRAILER.unpack(trailer)
+        if magic != MAGIC:
+            raise _corrupt(name, "does not end with the row image magic")
+        if version > VERSION:
+            raise FormatVersionError(f"row image {name} has format version {version}, newer than the {VERSION} "
+                                     f"this spark_state reads; upgrade spark_state on the executors.")
+        if version < 1 or self.codec not in (RAW, ZSTD) or flags & ~TOMBSTONES:
+            raise _corrupt(name, f"has format version {version}, codec {self.codec} and flags {flags:#x}, "
+                                 f"which no writer made")
+        self.tombstones = bool(flags & TOMBSTONES)
+        if index_offset + blocks * INDEX_ENTRY.itemsize + TRAILER_BYTES != size:
+            raise _corrupt(name, f"has {size} bytes, but its trailer puts {blocks} index entries at byte "
+                                 f"{index_offset}")
+        (index_bytes,) = self._read([(index_offset, size - TRAILER_BYTES)])
+        if zlib.crc32(index_bytes) != index_crc:
+            raise _corrupt(name, "has a block index whose CRC-32 does not match its trailer")
+        self.index = np.frombuffer(bytes(index_bytes), dtype=INDEX_ENTRY)
+        self._check_index(index_offset)
+
+    def _read(self, ranges):
+        chunks = self._fetch(ranges)
+        for (a, b), chunk in zip(ranges, chunks):
+            if len(chunk) != b - a:
+                raise _corrupt(self.name, f"is truncated: bytes {a}..{b} gave {len(chunk)}")
+        return chunks
+
+    def _check_index(self, index_offset: int) -> None:
+        ix = self.index
+        ends = ix["offset"] + ix["stored"]
+        starts_ok = len(ix) == 0 or (ix["offset"][0] == 0 and np.array_equal(ix["offset"][1:], ends[:-1]))
+        if not starts_ok or (len(ix) and int(ends[-1]) != index_offset):
+            raise _corrupt(self.name, "has blocks that do not tile the bytes before its index")
+        if np.any(ix["first"] > ix["last"]) or np.any(ix["last"][:-1] > ix["first"][1:]):
+            raise _corrupt(self.name, "has a block index out of sort-key order")
+        if int(ix["records"].sum()) != self.rows or np.any(ix["records"] == 0):
+            raise _corrupt(self.name, f"has block record counts that do not add up to its {self.rows} records")
+        if self.codec == RAW and not np.array_equal(ix["stored"], ix["raw"]):
+            raise _corrupt(self.name, "has raw blocks whose stored and raw lengths differ")
+
+    @property
+    def blocks(self) -> int:
+        return len(self.index)
+
+    def block(self, b: int) -> bytes:
+        """Block ``b``'s raw bytes (its records), its CRC checked when verifying."""
+        entry = self.index[b]
+        start, stored, raw = int(entry["offset"]), int(entry["stored"]), int(entry["raw"])
+        (data,) = self._read([(start, start + stored)])
+        where = f"block {b} (bytes {start}..{start + stored})"
+        if self.verify and zlib.crc32(data) != int(entry["crc"]):
+            raise _corrupt(self.name, f"has {where} whose CRC-32 does not match its index")
+        if self.codec == RAW:
+            return bytes(data)
+        try:
+            out = zstandard.ZstdDecompressor().decompress(data, max_output_size=raw)
+        except zstandard.ZstdError as err:
+            raise _corrupt(self.name, f"has {where} that does not decompress ({err})") from None
+        if len(out) != raw:
+            raise _corrupt(self.name, f"has {where} of {len(out)} raw bytes, its index says {raw}")
+        return out
+
+    def records(self, b: int) -> list[Record]:
+        """Block ``b``'s records, in order, their framing checked against the index."""
+        raw, entry = self.block(b), self.index[b]
+        out, at, previous = [], 0, int(entry["first"])
+        while at < len(raw):
+            if at + HEADER_BYTES > len(raw):
+                raise self._bad_block(b, f"a record header cut at byte {at}")
+            kg, h, klen, vlen = _HEADER.unpack_from(raw, at)
+            end = at + HEADER_BYTES + klen + max(vlen, 0)
+            if klen < 0 or klen % 8 or vlen < -1 or (vlen > 0 and vlen % 8) or end > len(raw):
+                raise self._bad_block(b, f"a record at byte {at} with key length {klen}, value length {vlen}")
+            s = sort_key(kg, h)
+            if kg < 0 or s < previous or s > int(entry["last"]):
+                raise self._bad_block(b, f"a record at byte {at} out of sort-key order")
+            key = raw[at + HEADER_BYTES:at + HEADER_BYTES + klen]
+            value = None if vlen < 0 else raw[at + HEADER_BYTES + klen:end]
+            out.append(Record(kg, h, bytes(key), None if value is None else bytes(value)))
+            at, previous = end, s
+        if len(out) != int(entry["records"]) or (out and sort_key(out[0].kg, out[0].hash) != int(entry["first"])) \
+                or (out and previous != int(entry["last"])):
+            raise self._bad_block(b, f"{len(out)} records that do not match its index entry")
+        return out
+
+    def _bad_block(self, b: int, what: str) -> ChecksumMismatch:
+        return _corrupt(self.name, f"has block {b} with {what}")
+
+    def __iter__(self) -> Iterator[Record]:
+        for b in range(self.blocks):
+            yield from self.records(b)
+
+    def lookup(self, kg: int, h: int, key: bytes):
+        """The value bytes of a key, ``DELETED`` for a tombstone, None when the file does not hold it."""
+        s = sort_key(kg, h)
+        key = bytes(key)
+        b = int(np.searchsorted(self.index["last"], np.uint64(s), side="left"))
+        while b < self.blocks and int(self.index["first"][b]) <= s:
+            for record in self.records(b):
+                rs = sort_key(record.kg, record.hash)
+                if rs > s:
+                    return None
+                if rs == s and record.key == key:
+                    return DELETED if record.value is None else record.value
+            b += 1
+        return None
+
+    def to_table(self) -> pa.Table:
+        """Every record as opaque rows (kg, hash, key, value: UnsafeRow bytes; null value = tombstone)."""
+        records = list(self)
+        return pa.table({
+            "kg": pa.array([r.kg for r in records], pa.int32()),
+            "hash": pa.array([r.hash for r in records], pa.int32()),
+            "key": pa.array([r.key for r in records], pa.binary()),
+            "value": pa.array([r.value for r in records], pa.binary()),
+        }, schema=tables.CHANGES_SCHEMA)
+
+
+def lookup(source, kg: int, h: int, key: bytes, *, name: str = "row image", size: int | None = None,
+           verify: bool = True):
+    """``RowImage(source, name, size=size).lookup(kg, h, key)`` for a one-off lookup."""
+    return RowImage(source, name, size=size, verify=verify).lookup(kg, h, key)

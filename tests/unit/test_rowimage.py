@@ -1,0 +1,256 @@
+"""spark_state.format.rowimage: the bytes follow the spec (checked by a parser written from the spec, not
+the module's reader), every key is found and nothing else, blocks are packed greedily within their size,
+and truncated, bit-flipped, mislabelled or newer files fail with clear errors naming the file and block."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import zstandard
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from spark_state.format import datafile, tables
+from spark_state.errors import ChecksumMismatch, FormatVersionError
+from spark_state.format import rowimage, unsaferow
+
+
+def spec_parse(data: bytes) -> tuple[dict, list[dict], list[list[tuple]]]:
+    """Trailer, index and every block's records, read as the spec describes them."""
+    (index_offset, records, blocks, index_crc, codec, flags) = struct.unpack_from("<QQIIII", data, len(data) - 40)
+    assert data[-8:] == b"SPKSTRI\x01"
+    index = data[index_offset:len(data) - 40]
+    assert len(index) == 40 * blocks and zlib.crc32(index) == index_crc
+    entries, parsed = [], []
+    for b in range(blocks):
+        first, last, offset, stored, raw, crc, count = struct.unpack_from("<QQQIIII", index, 40 * b)
+        entries.append(dict(first=first, last=last, offset=offset, stored=stored, raw=raw, crc=crc, records=count))
+        block = data[offset:offset + stored]
+        assert zlib.crc32(block) == crc
+        body = block if codec == 0 else zstandard.ZstdDecompressor().decompress(block)
+        assert len(body) == raw
+        recs, at = [], 0
+        while at < raw:
+            kg, h, klen, vlen = struct.unpack_from("<iiii", body, at)
+            assert at % 8 == 0 and klen % 8 == 0 and (vlen == -1 or vlen % 8 == 0)
+            key = body[at + 16:at + 16 + klen]
+            value = None if vlen == -1 else body[at + 16 + klen:at + 16 + klen + vlen]
+            recs.append((kg, h, key, value))
+            at += 16 + klen + max(vlen, 0)
+        assert at == raw and len(recs) == count
+        parsed.append(recs)
+    assert sum(e["records"] for e in entries) == records
+    return dict(records=records, blocks=blocks, codec=codec, flags=flags, index_offset=index_offset), entries, parsed
+
+
+def sk(kg: int, h: int) -> int:
+    return (kg << 32) | (h & 0xFFFFFFFF)
+
+
+def opaque_table(rows: list[tuple[int, int, bytes, bytes | None]]) -> pa.Table:
+    return pa.table({"kg": pa.array([r[0] for r in rows], pa.int32()), "hash": pa.array([r[1] for r in rows], pa.int32()),
+                     "key": pa.array([r[2] for r in rows], pa.binary()),
+                     "value": pa.array([r[3] for r in rows], pa.binary())}, schema=tables.CHANGES_SCHEMA)
+
+
+words = st.integers(0, 6).flatmap(lambda w: st.binary(min_size=8 * w, max_size=8 * w))
+
+
+@st.composite
+def opaque_rows(draw):
+    """Distinct keys; few hashes and key groups, so sort keys collide; some tombstones, some big rows."""
+    hashes = draw(st.lists(st.integers(-2 ** 31, 2 ** 31 - 1), min_size=1, max_size=5))
+    keys = draw(st.lists(words, max_size=40, unique=True))
+    rows = []
+    for key in keys:
+        h = draw(st.sampled_from(hashes))
+        kg = draw(st.sampled_from([h % 7, h % 100800, 0, 2 ** 31 - 1]))
+        big = draw(st.integers(0, 20)) == 0
+        value = draw(st.none() | words) if not big else bytes(8 * draw(st.integers(100, 3000)))
+        rows.append((kg, h, key, value))
+    return rows
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(rows=opaque_rows(), block_bytes=st.sampled_from([16, 40, 100, 512, 16384]), codec=st.sampled_from([0, 1]))
+def test_round_trip_and_lookups(rows, block_bytes, codec, monkeypatch):
+    img = rowimage.encode(opaque_table(rows), block_bytes=block_bytes, codec=codec)
+    with monkeypatch.context() as m:   # chunks of a block or two, compressed on two threads: the same bytes
+        m.setattr(rowimage, "CHUNK_BYTES", block_bytes)
+        assert rowimage.encode(opaque_table(rows), block_bytes=block_bytes, codec=codec, threads=2).data == img.data
+    assert img.checksum == datafile.crc32_hex(img.data) and img.size == len(img.data) and img.rows == len(rows)
+    trailer, entries, blocks = spec_parse(img.data)
+    assert trailer["codec"] == codec and trailer["flags"] == (1 if any(r[3] is None for r in rows) else 0)
+    assert img.tombstones == bool(trailer["flags"]) and img.blocks == trailer["blocks"]
+
+    # every row once, in sort-key order; index entries match their blocks; greedy packing within the size
+    flat = [r for block in blocks for r in block]
+    assert sorted(flat, key=repr) == sorted(rows, key=repr)
+    keys = [sk(kg, h) for kg, h, _, _ in flat]
+    assert keys == sorted(keys)
+    for e, block, nxt in zip(entries, blocks, blocks[1:] + [None]):
+        assert e["first"] == sk(*block[0][:2]) and e["last"] == sk(*block[-1][:2])
+        assert e["raw"] <= block_bytes or len(block) == 1
+        if nxt is not None:   # the next record did not fit
+            first_next = 16 + len(nxt[0][2]) + len(nxt[0][3] or b"")
+            assert e["raw"] + first_next > block_bytes
+
+    image = rowimage.RowImage(img.data, "img")
+    assert list(image) == [rowimage.Record(*r) for r in flat]
+    for kg, h, key, value in rows:
+        found = image.lookup(kg, h, key)
+        assert (found is rowimage.DELETED) if value is None else (found == value)
+    present = {(kg, h, key) for kg, h, key, _ in rows}
+    for kg, h, key, _ in rows:   # the same hash with another key, or the key under another hash
+        for probe in [(kg, h, key + bytes(8)), (kg, h ^ 1, key), (kg + 1, h, key)]:
+            if probe not in present:
+                assert image.lookup(*probe) is None
+
+
+def test_empty_file_is_its_trailer():
+    img = rowimage.encode(opaque_table([]))
+    assert img.size == 40 and img.blocks == 0 and img.rows == 0
+    image = rowimage.RowImage(img.data, "empty")
+    assert list(image) == [] and image.lookup(0, 0, b"") is None
+    assert image.to_table().num_rows == 0
+
+
+def test_a_huge_record_has_a_block_of_its_own():
+    rows = [(1, 1, bytes(8), bytes(8)), (1, 2, bytes(16), bytes(8 * 200_000)), (1, 3, bytes(8), None)]
+    img = rowimage.encode(opaque_table(rows))
+    _, entries, blocks = spec_parse(img.data)
+    assert [len(b) for b in blocks] == [1, 1, 1] and entries[1]["raw"] == 16 + 16 + 8 * 200_000
+    assert rowimage.lookup(img.data, 1, 2, bytes(16)) == bytes(8 * 200_000)
+
+
+def test_typed_rows_are_imaged_as_their_unsafe_rows():
+    n = 3000
+    h = np.random.default_rng(3).integers(-2 ** 31, 2 ** 31, n).astype(np.int32)
+    kg = np.mod(h.astype(np.int64), 100800).astype(np.int32)
+    key = pa.StructArray.from_arrays([pa.array([f"user-{i:08d}" for i in range(n)])], names=["user"])
+    state = pa.StructArray.from_arrays([pa.array(np.arange(n)), pa.array([None if i % 5 else "x" for i in range(n)])],
+                                       names=["clicks", "page"])
+    value = pa.StructArray.from_arrays([state, pa.array(np.arange(n) * 10)], names=["groupState", "timeout"],
+                                       mask=pa.array(np.arange(n) % 11 == 0))
+    table = pa.table({"kg": kg, "hash": h, "key": key, "value": value})
+    img = rowimage.encode(table, level=3)
+    k_off, k_data = unsaferow.encode(key)
+    v_off, v_data = unsaferow.encode(value)
+    image = rowimage.RowImage(img.data, "typed")
+    for i in range(0, n, 7):
+        found = image.lookup(int(kg[i]), int(h[i]), k_data[k_off[i]:k_off[i + 1]].tobytes())
+        if i % 11 == 0:
+            assert found is rowimage.DELETED
+        else:
+            assert found == v_data[v_off[i]:v_off[i + 1]].tobytes()
+    # the opaque table of the same rows images to the same bytes
+    opaque = opaque_table([(int(kg[i]), int(h[i]), k_data[k_off[i]:k_off[i + 1]].tobytes(),
+                            None if i % 11 == 0 else v_data[v_off[i]:v_off[i + 1]].tobytes()) for i in range(n)])
+    assert rowimage.encode(opaque, level=3).data == img.data
+    assert image.to_table().sort_by([("kg", "ascending"), ("hash", "ascending")]).equals(
+        rowimage.RowImage(rowimage.encode(opaque).data, "o").to_table().sort_by([("kg", "ascending"), ("hash", "ascending")]))
+
+
+def test_lookup_reads_the_index_and_one_block_by_byte_range():
+    rows = [(i % 50, i, struct.pack("<q", i), bytes(64)) for i in range(2000)]
+    img = rowimage.encode(opaque_table(rows), block_bytes=4096)
+    read = []
+
+    def fetch(ranges):
+        read.extend(ranges)
+        return [img.data[a:b] for a, b in ranges]
+
+    image = rowimage.RowImage(fetch, "remote", size=img.size)
+    opened = sum(b - a for a, b in read)
+    assert opened == 40 + 40 * img.blocks
+    assert image.lookup(7, 1007, struct.pack("<q", 1007)) == bytes(64)
+    assert sum(b - a for a, b in read) - opened <= max(image.index["stored"])
+    with pytest.raises(ValueError, match="needs its size"):
+        rowimage.RowImage(fetch, "remote")
+
+
+# ------------------------------------------------------------------ corruption
+
+def small_image(codec: int = 0) -> bytes:
+    rows = [(i % 3, i * 7919, struct.pack("<q", i), bytes([i]) * 8 if i % 4 else None) for i in range(12)]
+    return rowimage.encode(opaque_table(rows), block_bytes=128, codec=codec).data
+
+
+def read_all(data, name="state/x.img"):
+    image = rowimage.RowImage(data, name)
+    return list(image)
+
+
+def test_every_single_bit_flip_is_caught():
+    """A flipped bit anywhere fails with an error naming the file (the block for block bytes), except the
+    trailer's tombstone flag, which only the manifest's whole-file CRC covers (as for every file)."""
+    for codec in (0, 1):
+        data = small_image(codec)
+        trailer, entries, _ = spec_parse(data)
+        flags_bit0 = (len(data) - 40 + 28) * 8
+        for bit in range(len(data) * 8):
+            flipped = bytearray(data)
+            flipped[bit // 8] ^= 1 << (bit % 8)
+            if bit == flags_bit0:
+                assert datafile.crc32_hex(bytes(flipped)) != datafile.crc32_hex(data)
+                continue
+            with pytest.raises((ChecksumMismatch, FormatVersionError)) as err:
+                read_all(bytes(flipped))
+            assert "state/x.img" in str(err.value)
+            if bit // 8 < trailer["index_offset"]:
+                b = next(i for i, e in enumerate(entries) if e["offset"] <= bit // 8 < e["offset"] + e["stored"])
+                assert f"block {b} " in str(err.value), str(err.value)
+
+
+def test_truncated_and_padded_files_are_refused():
+    data = small_image(1)
+    for size in [0, 1, 39, 40, len(data) // 2, len(data) - 41, len(data) - 1]:
+        with pytest.raises(ChecksumMismatch, match=r"row image state/x.img .*(truncated|trailer|magic|index)"):
+            read_all(data[:size])
+    with pytest.raises(ChecksumMismatch, match="magic"):
+        read_all(data + bytes(8))
+    with pytest.raises(ChecksumMismatch, match="index entries"):
+        read_all(bytes(8) + data)
+
+
+def test_bad_magic_and_newer_version():
+    data = small_image()
+    with pytest.raises(ChecksumMismatch, match="magic"):
+        read_all(data[:-8] + b"SPKSTRX\x01")
+    with pytest.raises(ChecksumMismatch, match="magic"):
+        read_all(datafile.encode(tables.empty_table()).data)   # a snapshot is not a row image
+    with pytest.raises(FormatVersionError, match="version 2.*upgrade spark_state"):
+        read_all(data[:-1] + b"\x02")
+
+
+def test_a_block_with_a_valid_crc_but_wrong_records_is_refused():
+    """A writer bug (not bit rot): the block's CRC matches, its records do not match its index entry."""
+    rows = [(1, i, struct.pack("<q", i), bytes(8)) for i in range(4)]
+    data = bytearray(rowimage.encode(opaque_table(rows), codec=0).data)
+    trailer, entries, _ = spec_parse(bytes(data))
+    struct.pack_into("<i", data, 12, 7)   # first record's valueLength: 8 -> 7
+    block = bytes(data[:entries[0]["stored"]])
+    index_at = trailer["index_offset"]
+    struct.pack_into("<I", data, index_at + 32, zlib.crc32(block))
+    struct.pack_into("<I", data, len(data) - 40 + 20, zlib.crc32(bytes(data[index_at:len(data) - 40])))
+    with pytest.raises(ChecksumMismatch, match="block 0 with a record at byte 0"):
+        read_all(bytes(data))
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="not an UnsafeRow"):
+        rowimage.encode(opaque_table([(0, 0, b"abc", b"")]))
+    with pytest.raises(ValueError, match="negative"):
+        rowimage.encode(opaque_table([(-1, 0, b"", b"")]))
+    with pytest.raises(ValueError, match="appears twice"):
+        rowimage.encode(opaque_table([(0, 5, bytes(8), b""), (0, 6, bytes(8), b""), (0, 5, bytes(8), None)]))
+    with pytest.raises(ValueError, match="cannot be null"):
+        rowimage.encode(opaque_table([(0, 0, None, b"")]))
+    with pytest.raises(TypeError, match="tags"):
+        rowimage.encode(pa.table({"kg": pa.array([0], pa.int32()), "hash": pa.array([0], pa.int32()),
+                                  "key": pa.array([{"tags": ["a"]}]), "value": pa.array([{"x": 1}])}))
