@@ -25,6 +25,8 @@ PREFIX = "spark.sql.streaming.stateStore.sparkState."
 DEFAULT_MAX_PARALLELISM = 100_800
 MAX_MAX_PARALLELISM = 2**31 - 1
 DEFAULT_MEMORY_MAX_STATE_SIZE = 5 * 1024 * 1024
+#: Snapshots with fewer rows get no row image: loading them whole takes about as long as opening one.
+DEFAULT_ROW_IMAGES_MIN_ROWS = 100_000
 
 STORAGES = ("filesystem", "memory")
 
@@ -119,6 +121,9 @@ class Settings:
     fsync: bool = True
     savepoint_dir: str | None = None
     prestart_worker: bool = True
+    row_images: bool = True
+    row_images_min_rows: int = DEFAULT_ROW_IMAGES_MIN_ROWS
+    memory_limit: int | None = None
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> "Settings":
@@ -173,6 +178,9 @@ _SPECS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "fsync": ("fsync", _bool),
     "savepointDir": ("savepoint_dir", _url),
     "prestartWorker": ("prestart_worker", _bool),
+    "rowImages": ("row_images", _bool),
+    "rowImages.minRows": ("row_images_min_rows", lambda n, r: _positive_int(n, r, 0, MAX_MAX_PARALLELISM)),
+    "memoryLimit": ("memory_limit", _size),
 }
 
 #: Short option name -> one-line description, for the README and conf/.
@@ -193,6 +201,13 @@ DESCRIPTIONS = {
     "savepointDir": "Where spark_state.savepoint() and 'spark-state savepoint' put savepoints by default. Default: none.",
     "prestartWorker": ("Start each executor's worker when the executor starts (the spark.plugins entry configure() "
                        "adds), off the first task's path; false: the first state store starts it. Default true."),
+    "rowImages": ("Write a row image beside each compacted snapshot (its rows as Spark's UnsafeRows, lookup-ready), "
+                  "so a restore looks keys up where they are instead of loading every row. Default true."),
+    "rowImages.minRows": (f"Snapshots with fewer rows get no row image (loading them whole is as fast). "
+                          f"Default {DEFAULT_ROW_IMAGES_MIN_ROWS:,}."),
+    "memoryLimit": ("Memory all state stores of one executor may hold in the JVM (rows changed since their row "
+                    "image, and the cache of image blocks), e.g. 512m or 2g; above it a store spills its rows to "
+                    "local disk. Default: a quarter of the executor's heap."),
 }
 
 assert set(DESCRIPTIONS) == set(_SPECS)

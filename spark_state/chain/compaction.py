@@ -8,13 +8,22 @@ the store's lock before its record, and writes with ``recreate=False``
 (rule 4). This process then takes a shortcut: later commits whose chain
 starts with what it folded build on the snapshot instead (``rebased``), under
 the conditions listed there.
+
+Beside the snapshot it writes the snapshot's *row image* (``spark_state.format.rowimage``):
+the same rows as Spark's UnsafeRows, which the JVM looks keys up in instead of
+loading every row on a restore. A chain is compacted when it is long
+(``snapshotInterval`` deltas) or rescaled; and, for a snapshot big enough for a
+row image (``rowImages.minRows``), when it has none yet (a store's first
+snapshot, written by a commit, which never spends time on an image) or when its
+deltas hold half as many rows as it (a restore loads every delta row). A chain
+that is nothing but such a snapshot only gets the image.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from spark_state.chain.context import StoreContext
 from spark_state.chain.merge import merge_chain
@@ -22,9 +31,13 @@ from spark_state.chain.reader import ChainReader
 from spark_state.chain.retention import MIN_KEPT_VERSIONS, oldest_kept
 from spark_state.errors import StateTooLarge, StoreDeleted, VersionNotFound
 from spark_state.faults import fault
-from spark_state.format import datafile
-from spark_state.format.manifest import SNAPSHOT, CompactionRecord, FileEntry, Manifest
-from spark_state.storage.layout import new_file_path
+from spark_state.format import datafile, rowimage, unsaferow
+from spark_state.format.manifest import SNAPSHOT, CompactionRecord, FileEntry, ImageEntry, Manifest
+from spark_state.format.tables import is_typed
+from spark_state.storage.layout import image_path, new_file_path
+
+#: A chain whose deltas hold at least this share of its snapshot's rows is compacted, however short.
+DELTA_ROWS_SHARE = 0.5
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +62,9 @@ class Compactor:
         #: The compaction failure that blocks commits (StateTooLarge of memory storage: a commit would only
         #: grow the chain that cannot be compacted); cleared by a compaction that works or a raised limit.
         self.blocker: StateTooLarge | None = None
+        #: Why this store's rows have no row image (a type without an UnsafeRow encoding here), once seen: a
+        #: store's schema does not change, so its snapshots are not read again just to find that out.
+        self.no_image: str | None = None
 
     def compact(self, version: int | None) -> None:
         """Folds `version`'s chain (default: the newest) into a snapshot when it is long enough or rescaled."""
@@ -69,29 +85,39 @@ class Compactor:
         except VersionNotFound:
             return
         manifest = view.manifest
-        # A rescaled chain (slices of other stores' files) is compacted at once: the new partition gets its
-        # own snapshot and, once its older versions age out, other stores' files stop being referenced.
-        if view.record is not None or (manifest.deltas_since_snapshot < ctx.settings.snapshot_interval
-                                       and not any(f.is_slice for f in manifest.files)):
+        if view.record is not None or not self._due(manifest):
             return
         self.reader.check_parallelism(manifest)
         chain = self.rebased(manifest.files, version, None)   # read less when this process compacted before
         locks = ctx.locks
         with locks.lock:
             locks.pin(f.path for f in chain)
-        path, record_sent = None, False
+        written: list[str] = []   # files of ours no record names yet
+        record_sent = False
         try:
-            state = merge_chain([self.reader.read(entry, None) for entry in chain])
-            encoded = datafile.encode(state, ctx.settings.compression_level, sorted_by_kg=True)
+            state = self.reader.read(chain[0], None) if self._image_only(chain) else \
+                merge_chain([self.reader.read(entry, None) for entry in chain])
+            if self._image_only(chain):
+                encoded, entry = None, chain[0]
+            else:
+                encoded = datafile.encode(state, ctx.settings.compression_level, sorted_by_kg=True)
+                entry = FileEntry.written(new_file_path(version, SNAPSHOT), SNAPSHOT, version, encoded)
+            image = self._image(state)
             if not self._still_current(version, manifest):   # every backend; object stores have no directories
                 return
-            path = new_file_path(version, SNAPSHOT)
-            ctx.storage.write_file(path, encoded.data, recreate=False)
-            fault("compaction-after-snapshot")
-            entry = FileEntry.written(path, SNAPSHOT, version, encoded)
+            if encoded is not None:
+                written.append(entry.path)
+                ctx.storage.write_file(entry.path, encoded.data, recreate=False)
+                fault("compaction-after-snapshot")
+            if image is not None:
+                entry = replace(entry, image=ImageEntry.written(image_path(entry.path), image))
+                written.append(entry.image.path)
+                ctx.storage.write_file(entry.image.path, image.data, recreate=False)
+            if not written:
+                return
             with locks.lock:
                 if not self._still_current(version, manifest):
-                    ctx.storage.delete_files([path])
+                    ctx.storage.delete_files(written)
                     return
                 record_sent = True   # from here the record may land even if the write raises
                 ctx.storage.commit_compaction(version, CompactionRecord(version, manifest.commit_id, entry).to_json())
@@ -99,18 +125,61 @@ class Compactor:
                 self.shortcut = CompactedPrefix(tuple(f.ident for f in manifest.files), entry, version,
                                                 time.monotonic())
                 self.blocker = None
-            log.info("compacted %s version %d: %d deltas -> snapshot of %d rows (%d bytes)", ctx.name, version,
-                     manifest.deltas_since_snapshot, encoded.rows, encoded.size)
+            log.info("compacted %s version %d: %d deltas -> snapshot of %d rows (%s)%s", ctx.name, version,
+                     manifest.deltas_since_snapshot, entry.rows,
+                     "kept" if encoded is None else f"{encoded.size} bytes",
+                     "" if image is None else f", row image of {image.size} bytes")
         except StoreDeleted as err:   # a stopped query's checkpoint deleted by its user: leave it deleted
-            if path is not None:
-                ctx.storage.delete_files([path])   # raised before any record was in place
+            ctx.storage.delete_files(written)   # raised before any record was in place
             log.warning("compaction of %s version %d skipped: %s", ctx.name, version, err)
         except BaseException:
-            if path is not None and not record_sent:
-                ctx.storage.delete_files([path])   # ours, and no record names it
+            if written and not record_sent:
+                ctx.storage.delete_files(written)   # ours, and no record names them
             raise
         finally:
             locks.unpin(f.path for f in chain)
+
+    def _due(self, manifest: Manifest) -> bool:
+        """Whether `manifest`'s chain is worth compacting now (see the module docstring)."""
+        files = manifest.files
+        # A rescaled chain (slices of other stores' files) is compacted at once: the new partition gets its
+        # own snapshot and, once its older versions age out, other stores' files stop being referenced.
+        if manifest.deltas_since_snapshot >= self.ctx.settings.snapshot_interval or any(f.is_slice for f in files):
+            return True
+        # The rest is about restores that look keys up in a row image and load only the deltas after it.
+        base = files[0] if files and files[0].kind == SNAPSHOT else None
+        if base is None or not self._images_on() or self.no_image is not None \
+                or base.rows < self.ctx.settings.row_images_min_rows:
+            return False
+        return base.image is None or sum(f.rows for f in files[1:]) >= DELTA_ROWS_SHARE * base.rows
+
+    def _image_only(self, chain: tuple[FileEntry, ...]) -> bool:
+        """A chain that is one whole snapshot of this store needs only its image, not a rewrite."""
+        return len(chain) == 1 and chain[0].kind == SNAPSHOT and not chain[0].is_slice and chain[0].image is None
+
+    def _images_on(self) -> bool:
+        """Row images are for storages whose files the JVM can open (it reads them from local disk)."""
+        return self.ctx.settings.row_images and self.ctx.storage.kind == "filesystem"
+
+    def _image(self, state) -> rowimage.EncodedImage | None:
+        """The row image of a snapshot's rows, when it should have one and can."""
+        if not self._images_on() or state.num_rows < self.ctx.settings.row_images_min_rows:
+            return None
+        if is_typed(state):
+            unsupported = [s for s in (unsaferow.supports(state.schema.field(c).type) for c in ("key", "value"))
+                           if not s]
+            if unsupported:
+                return self._no_image(unsupported[0].reason)
+        try:
+            return rowimage.encode(state)
+        except ValueError as err:   # opaque rows that are not UnsafeRows (hand-made state): no image, no harm
+            return self._no_image(str(err))
+
+    def _no_image(self, reason: str) -> None:
+        if self.no_image is None:
+            self.no_image = reason
+            log.info("no row images for %s: %s; its restores load every row", self.ctx.name, reason)
+        return None
 
     def _still_current(self, version: int, manifest: Manifest) -> bool:
         """Whether storage still holds `manifest` as version N; a compaction of anything else is dropped quietly."""

@@ -30,6 +30,19 @@ def _fold_deltas(tables: list[pa.Table]) -> pa.Table:
     return combined.take(last.column("position_max"))
 
 
+def fold_changes(tables: list[pa.Table]) -> pa.Table | None:
+    """The deltas of a chain (oldest first) as one table of changes: each key's last write, deletes kept as
+    null values (what a restore applies on top of a snapshot it does not load). None without rows."""
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return None
+    if len(tables) == 1:
+        return tables[0]
+    if is_typed(tables[0]):
+        return last_per_key(pa.concat_tables(align(tables)))
+    return narrow(_fold_deltas([widen(t) for t in tables]))
+
+
 def merge_chain(tables: list[pa.Table], *, ordered: bool = True) -> pa.Table:
     """Folds a chain (oldest first) into the state: last write per key wins, deletes drop the key.
 

@@ -12,17 +12,19 @@ them alone (rule 4).
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from spark_state.chain.context import StoreContext
-from spark_state.chain.merge import merge_chain
+from spark_state.chain.merge import fold_changes, merge_chain
 from spark_state.chain.references import Siblings
 from spark_state.errors import SparkStateError, StorageError, VersionNotFound
 from spark_state.format import datafile
-from spark_state.format.manifest import SNAPSHOT, CompactionRecord, FileEntry, Manifest
+from spark_state.format.manifest import SNAPSHOT, CompactionRecord, FileEntry, ImageEntry, Manifest
 from spark_state.format.tables import empty_table
 from spark_state.keygroups import as_key_group_array, check_same_max_parallelism, filter_residue, slice_key_groups
 from spark_state.storage.base import CheckpointStorage
@@ -45,11 +47,29 @@ class VersionView:
 
 
 @dataclass(frozen=True)
+class ImageFile:
+    """A row image where the JVM can open it: the checkpoint's own file on a local disk, or a copy the worker
+    downloaded (``temporary``: the JVM deletes it once it has it open)."""
+
+    path: str
+    rows: int
+    size: int
+    temporary: bool
+
+
+@dataclass(frozen=True)
 class Loaded:
-    """A version as a restore sees it: its rows (None when the caller's copy is still current) and identity."""
+    """A version as a restore sees it: its rows (None when the caller's copy is still current) and identity.
+
+    With ``image`` (a lazy load, ``load_lazy``), the rows are not all here: ``image`` is the row image of the
+    chain's snapshot and ``table`` only the changes after it (each key's last write, deletes as null values;
+    None when there are none); ``file_format`` says whether the chain holds typed or opaque rows.
+    """
 
     table: pa.Table | None
     commit_id: str | None
+    image: ImageFile | None = None
+    file_format: int | None = None
 
 
 class ChainReader:
@@ -133,6 +153,66 @@ class ChainReader:
             return Loaded(merge_chain(tables, ordered=ordered), manifest.commit_id)
         finally:
             locks.unpin(f.path for f in chain)
+
+    def load_lazy(self, version: int, known_commit_id: str | None = None, *, cache_dir: str) -> Loaded:
+        """`version` for a reader that looks keys up in row images: when its chain starts with a snapshot
+        that has one, that image (opened where it is on a local disk, else copied into `cache_dir`) and only
+        the changes after it; else every row, as ``load_checked``. An image that is missing or not the size
+        its entry says costs only the laziness: the rows are loaded instead (the image is never the truth).
+        """
+        if version <= 0:
+            return self.load_checked(version, known_commit_id)
+        locks = self.ctx.locks
+        with locks.lock:
+            view = self.view(version)
+            if known_commit_id is not None and view.manifest.commit_id == known_commit_id:
+                return Loaded(None, known_commit_id)
+            chain = view.chain
+            base = chain[0] if chain else None
+            lazy = base is not None and base.image is not None and base.kind == SNAPSHOT and not base.is_slice
+            if lazy:
+                locks.pin(f.path for f in chain[1:])
+                locks.pin(base.paths)
+        if not lazy:
+            return self.load_checked(version, known_commit_id, ordered=False)
+        try:
+            self.check_parallelism(view.manifest)
+            image = self._image_file(base.image, cache_dir)
+            if image is None:
+                return self.load_checked(version, known_commit_id, ordered=False)
+            try:
+                changes = fold_changes([self.read(entry, None) for entry in chain[1:]])
+            except StorageError:
+                self._raise_if_dropped(version)
+                raise
+            return Loaded(changes, view.manifest.commit_id, image, base.file_format)
+        finally:
+            locks.unpin(f.path for f in chain[1:])
+            locks.unpin(base.paths)
+
+    def _image_file(self, image: ImageEntry, cache_dir: str) -> ImageFile | None:
+        storage = self.ctx.storage
+        local = storage.local_path(image.path)
+        temporary = local is None
+        try:
+            if temporary:
+                os.makedirs(cache_dir, mode=0o700, exist_ok=True)
+                fd, local = tempfile.mkstemp(suffix=".img", dir=cache_dir)
+                os.close(fd)
+                storage.download(image.path, local)
+            size = os.path.getsize(local)
+        except (OSError, SparkStateError) as err:
+            log.warning("row image %s/%s of %s cannot be opened (%s); loading the rows instead", storage.root,
+                        image.path, self.ctx.name, err)
+            size = None
+        if size != image.size:
+            if size is not None:
+                log.warning("row image %s/%s of %s has %d bytes, its entry says %d; loading the rows instead",
+                            storage.root, image.path, self.ctx.name, size, image.size)
+            if temporary and local is not None and os.path.exists(local):
+                os.unlink(local)
+            return None
+        return ImageFile(local, image.rows, image.size, temporary)
 
     def _raise_if_dropped(self, version: int) -> None:
         """A file went missing under a load because retention dropped the version meanwhile: say so."""

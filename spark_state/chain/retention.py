@@ -57,7 +57,7 @@ class ReferenceSet:
         paths = set(pinned) | (elsewhere or set())
         for manifest in manifests:
             paths.update(manifest.paths)
-        paths.update(r.snapshot.path for r in records)
+        paths.update(p for r in records for p in r.snapshot.paths)   # a snapshot and its row image
         return cls(frozenset(paths), elsewhere is not None)
 
     def orphans(self, files: Iterable[str], oldest: int) -> list[str]:

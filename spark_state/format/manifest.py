@@ -12,6 +12,11 @@ manifest fails with ``ChecksumMismatch`` instead of restoring wrong state.
 Each record is written in the lowest ``ManifestFormat`` that describes it,
 so older readers read what they can and refuse the rest:
 
+Format 5 gives a snapshot entry its *row image* (``image``: the same rows as
+Spark's UnsafeRow records, lookup-ready, see ``spark_state.format.rowimage``),
+which the JVM looks keys up in instead of loading every row. The image is
+derived from the snapshot and never the only copy of a row.
+
 Format 4 names typed data files (``file_format`` 2 in an entry, see
 ``spark_state.format.datafile``); a format-3 reader refuses it with
 ``FormatVersionError`` instead of taking typed columns for row bytes.
@@ -49,13 +54,30 @@ class ManifestFormat(IntEnum):
     SLICED = 3
     #: typed data files (entries with ``file_format`` 2), with or without slices
     TYPED = 4
+    #: snapshot entries with their row image (``image``)
+    IMAGED = 5
 
 
 #: The newest manifest format this code reads.
-NEWEST_MANIFEST_FORMAT = ManifestFormat.TYPED
+NEWEST_MANIFEST_FORMAT = ManifestFormat.IMAGED
 
 SNAPSHOT = "snapshot"
 DELTA = "delta"
+
+
+@dataclass(frozen=True)
+class ImageEntry:
+    """The row image of a snapshot file: its rows as lookup-ready UnsafeRow records (format/rowimage.py)."""
+
+    path: str            # relative to the store root, e.g. "shared/v0000000012-image-3f2a….img"
+    size: int
+    checksum: str        # "crc32:xxxxxxxx" of the whole file
+    rows: int
+
+    @classmethod
+    def written(cls, path: str, encoded) -> "ImageEntry":
+        """The entry of a row image just encoded (``rowimage.EncodedImage``) and about to be written at `path`."""
+        return cls(path=path, size=encoded.size, checksum=encoded.checksum, rows=encoded.rows)
 
 
 @dataclass(frozen=True)
@@ -77,6 +99,8 @@ class FileEntry:
     residue: int | None = None
     #: the data file's FileFormat (only written when not OPAQUE)
     file_format: int = FileFormat.OPAQUE
+    #: format 5: a snapshot's row image (only written when there is one; never on a slice)
+    image: ImageEntry | None = None
 
     @classmethod
     def written(cls, path: str, kind: str, version: int, encoded: EncodedFile) -> "FileEntry":
@@ -85,9 +109,19 @@ class FileEntry:
                    rows=encoded.rows, index_offset=encoded.index_offset, index_length=encoded.index_length,
                    index_checksum=encoded.index_checksum, file_format=encoded.file_format)
 
+    @classmethod
+    def from_dict(cls, body: dict) -> "FileEntry":
+        image = body.pop("image", None)
+        return cls(**body, image=None if image is None else ImageEntry(**image))
+
     @property
     def typed(self) -> bool:
         return self.file_format >= FileFormat.TYPED
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The files this entry names: the data file, and its row image when it has one."""
+        return (self.path,) if self.image is None else (self.path, self.image.path)
 
     @property
     def is_slice(self) -> bool:
@@ -105,6 +139,8 @@ class FileEntry:
                 del body[name]
         if body["file_format"] == FileFormat.OPAQUE:
             del body["file_format"]
+        if body["image"] is None:
+            del body["image"]
         return body
 
 
@@ -130,8 +166,8 @@ class Manifest:
 
     @property
     def paths(self) -> list[str]:
-        """Paths of the files in this store (a slice of another store's file is not one of them)."""
-        return [f.path for f in self.files if f.partition is None]
+        """Paths of the files in this store, row images included (a slice of another store's file is not one)."""
+        return [p for f in self.files if f.partition is None for p in f.paths]
 
     @property
     def deltas_since_snapshot(self) -> int:
@@ -147,7 +183,7 @@ class Manifest:
         """Parses and verifies a manifest; `name` says which file in error messages."""
         body = _load(data, f"manifest {name}")
         try:
-            files = tuple(FileEntry(**f) for f in body.pop("files"))
+            files = tuple(FileEntry.from_dict(f) for f in body.pop("files"))
             return cls(files=files, **body)
         except (TypeError, KeyError) as err:
             raise ChecksumMismatch(f"manifest {name} has unexpected fields ({err}).") from None
@@ -182,13 +218,15 @@ class CompactionRecord:
     def from_json(cls, data: bytes, name: str) -> "CompactionRecord":
         body = _load(data, f"compaction record {name}")
         try:
-            return cls(snapshot=FileEntry(**body.pop("snapshot")), **body)
+            return cls(snapshot=FileEntry.from_dict(body.pop("snapshot")), **body)
         except (TypeError, KeyError) as err:
             raise ChecksumMismatch(f"compaction record {name} has unexpected fields ({err}).") from None
 
 
 def format_of(files) -> ManifestFormat:
     """The lowest manifest format that can describe `files` (older readers refuse what they cannot read)."""
+    if any(f.image is not None for f in files):
+        return ManifestFormat.IMAGED
     if any(f.typed for f in files):
         return ManifestFormat.TYPED
     return ManifestFormat.SLICED if any(f.is_slice for f in files) else ManifestFormat.PLAIN

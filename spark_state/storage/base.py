@@ -97,6 +97,16 @@ class CheckpointStorage(ABC):
     def read_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         """Byte ranges [start, end) of one data file, in one round trip where the backend allows."""
 
+    def local_path(self, path: str) -> str | None:
+        """`path` as a file of this machine's filesystem when the backend keeps its files on a local disk, else
+        None. The JVM opens row images there itself (they are immutable; an open file outlives its deletion)."""
+        return None
+
+    def download(self, path: str, to: str) -> None:
+        """Copies one data file to the local file `to` (a row image for a JVM where the files are remote)."""
+        with open(to, "wb") as f:
+            f.write(self.read_file(path))
+
     @abstractmethod
     def list_records(self, name: str) -> dict[int, str]:
         """Versions that have chk-N/<name> -> an opaque stamp that changes when it is rewritten."""

@@ -165,6 +165,15 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         except FileNotFoundError:
             raise self._missing(path) from None
 
+    def local_path(self, path: str) -> str | None:
+        return self._full(path) if self._local else None
+
+    def download(self, path: str, to: str) -> None:
+        try:
+            self.fs.get_file(self._full(path), to)
+        except FileNotFoundError:
+            raise self._missing(path) from None
+
     def read_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         full = self._full(path)
         if self._local:

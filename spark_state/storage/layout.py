@@ -33,7 +33,9 @@ REFS_DIR = "refs"
 STORE_ENTRIES = ("chk-", SHARED_DIR, REFS_DIR)
 
 _CHK = re.compile(r"^chk-(\d+)$")
-_SHARED = re.compile(r"^shared/v(\d+)-([a-z]+)-([0-9a-f]+)\.arrow$")
+_SHARED = re.compile(r"^shared/v(\d+)-([a-z]+)-([0-9a-f]+)\.(arrow|img)$")
+#: The kind part of a row image's file name (``image_path``); data files are named by their FileEntry kind.
+IMAGE_KIND = "image"
 _REFERENCE = re.compile(r"^p(\d+)-v(\d+)-[0-9a-f]+\.json$")
 
 
@@ -60,6 +62,15 @@ def new_file_path(version: int, kind: str) -> str:
     in-flight one (``file_version``).
     """
     return f"{SHARED_DIR}/v{version:010d}-{kind}-{secrets.token_hex(8)}.arrow"
+
+
+def image_path(snapshot_path: str) -> str:
+    """Where the row image of the snapshot at `snapshot_path` goes: beside it, the same version and random part,
+    so an image's name says which snapshot it shows (and retention dates it like any data file)."""
+    m = _SHARED.match(snapshot_path)
+    if m is None:
+        raise ValueError(f"{snapshot_path!r} is not a data file of shared/")
+    return f"{SHARED_DIR}/v{m.group(1)}-{IMAGE_KIND}-{m.group(3)}.img"
 
 
 def file_version(path: str) -> int | None:

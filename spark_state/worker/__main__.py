@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
 import threading
 import time
@@ -45,6 +46,8 @@ def _cleanup_and_exit(sock_path: str, why: str) -> None:
         os.unlink(sock_path)
     except OSError:
         pass
+    # row images copied for the JVM: it deletes each once open; what a killed task left goes with the worker
+    shutil.rmtree(os.path.join(os.path.dirname(sock_path), "images"), ignore_errors=True)
     os._exit(0)
 
 
@@ -66,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     # process's normal umask so Spark's own readers, running as other users, can read the checkpoint.
     previous = os.umask(0o077)
     try:
-        server = WorkerServer(sock_path, Dispatcher(secret))
+        server = WorkerServer(sock_path, Dispatcher(secret, cache_dir=os.path.join(args.socket_dir, "images")))
     finally:
         os.umask(previous)
     os.chmod(sock_path, 0o600)

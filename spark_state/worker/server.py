@@ -11,6 +11,7 @@ import hmac
 import logging
 import os
 import socketserver
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -84,8 +85,10 @@ def _maintenance_status(store) -> dict:
 class Dispatcher:
     """Turns one request (header, body) into one response (header, body)."""
 
-    def __init__(self, secret: str):
+    def __init__(self, secret: str, cache_dir: str | None = None):
         self._secret = secret.encode()
+        #: where row images of remote storage are copied for the JVM (the worker's private directory)
+        self.cache_dir = cache_dir or os.path.join(tempfile.gettempdir(), f"spark-state-images-{os.getpid()}")
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark-state-maintenance")
         self._pending: set[tuple] = set()
         self._pending_lock = threading.Lock()
@@ -114,8 +117,9 @@ class Dispatcher:
                 "protocol": PROTOCOL_VERSION}, b""
 
     def op_validate(self, header, body):
-        settings_of(header)
-        return {"ok": True}, b""
+        """Checks a set of options; answers what the shim needs of them in the one parser there is."""
+        settings = settings_of(header)
+        return {"ok": True, "memoryLimit": settings.memory_limit}, b""
 
     def _store(self, header):
         from spark_state.chain import open_store
@@ -140,14 +144,27 @@ class Dispatcher:
 
     def op_load(self, header, body):
         """A version's rows and commit id; only the id when the shim still holds that very commit. The rows are
-        serialised onto the socket as it drains (IpcBody), so the JVM decodes while the worker writes."""
+        serialised onto the socket as it drains (IpcBody), so the JVM decodes while the worker writes.
+
+        ``images: true`` (a shim that looks keys up in row images): when the version's chain has one, the reply
+        names the image file and the rows are only the changes after it, deletes kept (``image``)."""
         version = _int_field(header, "version")
         known = header.get("commitId")
-        loaded = self._store(header).load_checked(version, str(known) if known else None, ordered=False)
-        if loaded.table is None:
+        known = str(known) if known else None
+        store = self._store(header)
+        if header.get("images"):
+            loaded = store.load_lazy(version, known, cache_dir=self.cache_dir)
+        else:
+            loaded = store.load_checked(version, known, ordered=False)
+        if loaded.table is None and loaded.image is None:
             return {"ok": True, "unchanged": True, "commitId": loaded.commit_id}, b""
-        return ({"ok": True, "rows": loaded.table.num_rows, "commitId": loaded.commit_id},
-                IpcBody(loaded.table))
+        reply = {"ok": True, "rows": 0 if loaded.table is None else loaded.table.num_rows,
+                 "commitId": loaded.commit_id}
+        if loaded.image is not None:
+            image = loaded.image
+            reply["image"] = {"path": image.path, "rows": image.rows, "size": image.size,
+                              "temporary": image.temporary, "fileFormat": int(loaded.file_format)}
+        return reply, (b"" if loaded.table is None else IpcBody(loaded.table))
 
     def op_latest(self, header, body):
         return {"ok": True, "version": self._store(header).latest_version()}, b""

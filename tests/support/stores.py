@@ -56,5 +56,5 @@ def assert_files_of_kept_versions_exist(store):
         assert not missing, f"version {v} references deleted files {missing}"
         record = store.storage.read_record(v, "_snapshot")
         if record is not None:
-            snap = CompactionRecord.from_json(record, str(v)).snapshot.path
-            assert snap in present, f"compaction record of version {v} names deleted file {snap}"
+            snap = CompactionRecord.from_json(record, str(v)).snapshot.paths   # a snapshot and its row image
+            assert set(snap) <= present, f"compaction record of version {v} names deleted files {set(snap) - present}"

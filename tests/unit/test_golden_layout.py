@@ -22,7 +22,7 @@ import pytest
 
 from spark_state.chain.references import Reference
 from spark_state.format import datafile as snapshot, tables
-from spark_state.format.manifest import CompactionRecord, FileEntry, Manifest
+from spark_state.format.manifest import CompactionRecord, FileEntry, ImageEntry, Manifest
 from spark_state.options import Settings
 from tests.support.paths import FIXTURES
 
@@ -102,13 +102,16 @@ def test_the_tools_find_a_store_where_the_worker_writes_it(tmp_path, options, na
 
 def test_data_file_names():
     from spark_state.storage.base import CheckpointStorage
-    from spark_state.storage.layout import file_version, manifest_path, record_path
+    from spark_state.storage.layout import file_version, image_path, manifest_path, record_path
 
     path = CheckpointStorage.new_file_path(7, "delta")
     assert path.startswith("shared/v0000000007-delta-") and path.endswith(".arrow") and len(path) == len("shared/v0000000007-delta-") + 16 + len(".arrow")
     assert file_version(path) == 7
     assert manifest_path(12) == "chk-12/_metadata"
     assert record_path(12, "_snapshot") == "chk-12/_snapshot"
+    snapshot = "shared/v0000000012-snapshot-0123456789abcdef.arrow"
+    assert image_path(snapshot) == "shared/v0000000012-image-0123456789abcdef.img"
+    assert file_version(image_path(snapshot)) == 12
 
 
 # ----------------------------------------------------------------- records
@@ -134,6 +137,10 @@ def _records() -> dict[str, bytes]:
         "manifest-format4-typed.json": Manifest(4, M, (_entry(file_format=2), _entry(file_format=2, partition=0)),
                                                 None, commit_id="c0ffee0000000004", query_id="q-3",
                                                 created_ms=1_700_000_000_003).to_json(),
+        "manifest-format5-imaged.json": Manifest(
+            12, M, (_entry(kind="snapshot", file_format=2, image=ImageEntry(
+                "shared/v0000000012-image-0123456789abcdef.img", 4096, "crc32:00c0ffee", 10)), _entry(file_format=2)),
+            None, commit_id="c0ffee0000000005", query_id="q-4", created_ms=1_700_000_000_006).to_json(),
         "compaction-record.json": CompactionRecord(3, "c0ffee0000000001", snap,
                                                    created_ms=1_700_000_000_004).to_json(),
         "compaction-record-typed.json": CompactionRecord(4, "c0ffee0000000004", _entry(file_format=2, kind="snapshot"),

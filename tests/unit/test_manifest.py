@@ -13,7 +13,8 @@ from hypothesis import given, strategies as st
 from spark_state.chain import VersionedStore
 from spark_state.errors import ChecksumMismatch, FormatVersionError
 from spark_state.format.manifest import (
-    DELTA, NEWEST_MANIFEST_FORMAT, SNAPSHOT, CompactionRecord, FileEntry, Manifest, ManifestFormat, _body_crc, format_of
+    DELTA, NEWEST_MANIFEST_FORMAT, SNAPSHOT, CompactionRecord, FileEntry, ImageEntry, Manifest, ManifestFormat, _body_crc,
+    format_of,
 )
 from spark_state.options import Settings
 from spark_state.storage.filesystem import FileSystemCheckpointStorage
@@ -27,10 +28,14 @@ def entry(version: int, kind: str = DELTA, **extra) -> FileEntry:
 
 
 SLICE = dict(partition=1, modulus=4, residue=3)
+IMAGE = ImageEntry(path="shared/v0000000001-image-cd.img", size=4096, checksum="crc32:0000beef", rows=1)
 
 entries = st.builds(entry, st.integers(0, 10**9), st.sampled_from([SNAPSHOT, DELTA]),
                     partition=st.none() | st.integers(0, 200), modulus=st.none() | st.integers(1, 200),
-                    residue=st.none() | st.integers(0, 199), file_format=st.sampled_from([1, 2]))
+                    residue=st.none() | st.integers(0, 199), file_format=st.sampled_from([1, 2]),
+                    image=st.none() | st.builds(ImageEntry, st.just("shared/v0000000001-image-cd.img"),
+                                                st.integers(0, 10**12), st.just("crc32:0000beef"),
+                                                st.integers(0, 10**9)))
 
 
 @given(st.lists(entries, max_size=5), st.none() | st.integers(0, 10**6), st.none() | st.text(max_size=36))
@@ -49,7 +54,9 @@ def test_the_format_is_the_lowest_a_reader_needs():
     assert format_of([]) == ManifestFormat.PLAIN
     assert format_of([entry(1, SNAPSHOT), entry(2)]) == ManifestFormat.PLAIN
     assert format_of([entry(1, SNAPSHOT, **SLICE), entry(2)]) == ManifestFormat.SLICED
-    assert format_of([entry(1, SNAPSHOT, **SLICE), entry(2, file_format=2)]) == ManifestFormat.TYPED == NEWEST_MANIFEST_FORMAT
+    assert format_of([entry(1, SNAPSHOT, **SLICE), entry(2, file_format=2)]) == ManifestFormat.TYPED
+    assert format_of([entry(1, SNAPSHOT, file_format=2, image=IMAGE), entry(2, file_format=2)]) \
+        == ManifestFormat.IMAGED == NEWEST_MANIFEST_FORMAT
     assert Manifest(version=2, max_parallelism=16, files=(entry(1, SNAPSHOT),), rows=1).format == ManifestFormat.PLAIN
 
 
@@ -67,6 +74,15 @@ def test_only_this_stores_files_are_its_paths():
                         files=(entry(1, SNAPSHOT, **SLICE), entry(2), entry(3, modulus=2, residue=0)))
     assert manifest.paths == [entry(2).path, entry(3).path]
     assert manifest.deltas_since_snapshot == 2
+
+
+def test_a_snapshots_row_image_is_one_of_its_stores_paths():
+    """Retention, savepoints and validate go by a manifest's paths: an image must be among them."""
+    manifest = Manifest(version=3, max_parallelism=16, rows=None, files=(entry(1, SNAPSHOT, image=IMAGE), entry(2)))
+    assert manifest.paths == [entry(1, SNAPSHOT).path, IMAGE.path, entry(2).path]
+    assert json.loads(manifest.to_json())["files"][0]["image"] == {"path": IMAGE.path, "size": 4096,
+                                                                   "checksum": "crc32:0000beef", "rows": 1}
+    assert "image" not in json.loads(manifest.to_json())["files"][1]
 
 
 @pytest.mark.parametrize("edit", [
