@@ -168,6 +168,9 @@ def store_items(ckpt: SparkCheckpoint, sid: StoreId, version: int) -> tuple[Mani
         # A rescaled chain names files in other partitions' stores: the copy holds them itself.
         source = root if entry.partition is None else Dir(ckpt.store_root(replace(sid, partition=entry.partition)))
         items.append(Item(f"{sid.rel}/{entry.path}", source, entry.path, size=entry.size, checksum=entry.checksum))
+        if entry.image is not None:   # the snapshot's row image: a restore of the copy starts lazily too
+            image = entry.image
+            items.append(Item(f"{sid.rel}/{image.path}", source, image.path, size=image.size, checksum=image.checksum))
     if any(entry.partition is not None for entry in manifest.files):
         manifest = replace(manifest, files=tuple(replace(e, partition=None) for e in manifest.files))
     items.insert(0, Item(f"{sid.rel}/{manifest_path(version)}", data=manifest.to_json()))

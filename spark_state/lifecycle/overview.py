@@ -111,7 +111,8 @@ def store_report(location: str, operator: int, partition: int, store: str = DEFA
         "chain": [{"path": f.path, "kind": f.kind, "version": f.version, "rows": f.rows, "bytes": f.size,
                    "checksum": f.checksum,
                    # a rescaled chain: the file is in partition `partition`'s store; only pmod(hash, modulus) == residue
-                   **({"partition": f.partition, "modulus": f.modulus, "residue": f.residue} if f.is_slice else {})}
+                   **({"partition": f.partition, "modulus": f.modulus, "residue": f.residue} if f.is_slice else {}),
+                   **({"image": {"path": f.image.path, "bytes": f.image.size}} if f.image is not None else {})}
                   for f in manifest.files],
         "key_groups": _histogram(kg, manifest.max_parallelism),
     }

@@ -78,8 +78,10 @@ def slice_chain(sources: dict[int, Manifest], old_n: int, new_n: int, partition:
             cond = own if whole else combine_residues(own, (new_n, partition))
             if cond is False:
                 continue
-            out.append(replace(entry, partition=None if holder == partition else holder,
-                               modulus=None if cond is None else cond[0], residue=None if cond is None else cond[1]))
+            sliced = replace(entry, partition=None if holder == partition else holder,
+                             modulus=None if cond is None else cond[0], residue=None if cond is None else cond[1])
+            # a row image holds every row of its file, in its own store: a slice restores by loading rows
+            out.append(replace(sliced, image=None) if sliced.is_slice else sliced)
     return tuple(out)
 
 

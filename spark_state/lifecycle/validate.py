@@ -146,10 +146,14 @@ def validate(location: str, *, batch: int | None = None, options: Mapping[str, s
                         # a rescaled chain names files in other partitions' stores (manifest format 3)
                         holder = root if entry.partition is None else \
                             Dir(ckpt.store_root(replace(sid, partition=entry.partition)))
-                        if (holder.url, entry.path) in seen:
-                            continue
-                        seen.add((holder.url, entry.path))
-                        _check(Item(entry.path, holder, entry.path, size=entry.size, checksum=entry.checksum), report)
+                        files = [(entry.path, entry.size, entry.checksum)]
+                        if entry.image is not None:   # a snapshot's row image is checked like any state file
+                            files.append((entry.image.path, entry.image.size, entry.image.checksum))
+                        for path, size, checksum in files:
+                            if (holder.url, path) in seen:
+                                continue
+                            seen.add((holder.url, path))
+                            _check(Item(path, holder, path, size=size, checksum=checksum), report)
             except SparkStateError as err:
                 report.problems.append(Problem(ckpt.store_root(sid), str(err)))
             task.advance()
