@@ -181,7 +181,7 @@ def _spark_path(location: Dir) -> str:
     return location.full() if location.local else location.url
 
 
-def _spark_state_conf(settings: Settings, options) -> dict[str, str]:
+def _spark_state_conf(options) -> dict[str, str]:
     """The spark_state options as session conf entries, for the shim that reads or verifies spark_state state."""
     if isinstance(options, Settings):
         return options.to_conf()
@@ -200,6 +200,12 @@ def _session() -> Iterator:
     if active is not None:
         from spark_state.spark_config import ensure_driver_classpath
 
+        try:
+            active.sparkContext
+        except Exception:  # noqa: BLE001 - Spark Connect: no driver in this process
+            raise CheckpointError("migrate runs Spark jobs with the spark_state jar on a driver in this process; the "
+                                  "active session is a Spark Connect client. Run spark-state migrate (it starts a "
+                                  "local Spark), or call migrate from a classic SparkSession.") from None
         jar = str(spark_state.shim_jar())
         ensure_driver_classpath(active, jar)
         if jar not in (active.sparkContext.getConf().get("spark.jars") or ""):
@@ -321,7 +327,7 @@ def migrate(checkpoint_location: str, target: str, to: str = "spark_state", *,
     started = time.perf_counter()
     settings = settings_from(options)
     plan = _plan(checkpoint_location, target, to, settings)
-    with _session() as spark, _session_conf(spark, _spark_state_conf(settings, options)):
+    with _session() as spark, _session_conf(spark, _spark_state_conf(options)):
         try:
             written = _write(spark, plan, progress)
             _verify(spark, plan.target, plan.batch, written)
