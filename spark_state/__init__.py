@@ -44,6 +44,13 @@ def restore(source, checkpoint_location, batch=None, **kwargs):
     return _restore(source, checkpoint_location, batch, **kwargs)
 
 
+def migrate(checkpoint_location, target, to="spark_state", **kwargs):
+    """A new checkpoint of a stopped query on spark_state or Spark's HDFS provider; see spark_state.lifecycle.migrate."""
+    from spark_state.lifecycle.migrate import migrate as _migrate
+
+    return _migrate(checkpoint_location, target, to, **kwargs)
+
+
 def read_state(checkpoint_location, operator=0, store_name=None, batch=None, partitions=None, **kwargs):
     """One operator's state at a committed batch as a pyarrow Table, without Spark (spark_state.lifecycle.reading)."""
     from spark_state.lifecycle.reading import read_state as _read_state
@@ -51,4 +58,4 @@ def read_state(checkpoint_location, operator=0, store_name=None, batch=None, par
     return _read_state(checkpoint_location, operator, store_name, batch, partitions, **kwargs)
 
 
-__all__ = ["PROVIDER_CLASS", "configure", "read_state", "rescale", "restore", "savepoint", "shim_jar", "__version__"]
+__all__ = ["PROVIDER_CLASS", "configure", "migrate", "read_state", "rescale", "restore", "savepoint", "shim_jar", "__version__"]

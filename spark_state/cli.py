@@ -7,6 +7,7 @@
     spark-state savepoint LOCATION [--target DIR]  a self-contained savepoint of a batch
     spark-state restore   SOURCE TARGET [--batch]  a new checkpoint that resumes at a batch
     spark-state rescale   LOCATION N               change the partition count, metadata only
+    spark-state migrate   CHECKPOINT TARGET [--to] a new checkpoint on spark_state or Spark's HDFS provider
 
 LOCATION is a path or an fsspec URL (file://, s3://, ...). Every command takes
 ``--json`` (one JSON document on stdout), ``--conf KEY=VALUE`` (the query's
@@ -88,6 +89,13 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("rescale", parents=[common], help="change the partition count (metadata only)")
     p.add_argument("location")
     p.add_argument("num_partitions", type=int)
+
+    p = sub.add_parser("migrate", parents=[common], help="a new checkpoint on spark_state or Spark's HDFS provider "
+                                                         "(starts a local Spark)")
+    p.add_argument("checkpoint", help="checkpoint location of a stopped query (HDFS, RocksDB or spark_state)")
+    p.add_argument("target", help="new or empty checkpoint location")
+    p.add_argument("--to", choices=("spark_state", "hdfs"), default="spark_state",
+                   help="the provider the query continues on (default spark_state)")
     return parser
 
 
@@ -227,6 +235,14 @@ def _run(args) -> tuple[object, Callable[[object], None], int]:
         return r, lambda r: print(f"rescaled {r.location} from {r.old_partitions} to {r.new_partitions} partitions "
                                   f"at batch {r.batch} ({r.manifests} manifests, {_human(r.bytes_written)} written, "
                                   f"{r.seconds:.2f} s); restart the query to run with {r.new_partitions}"), EXIT_OK
+    if args.command == "migrate":
+        from spark_state.lifecycle.migrate import migrate
+
+        r = migrate(args.checkpoint, args.target, args.to, options=options, progress=progress)
+        return r, lambda r: print(f"migrated batch {r.batch} of {r.source} ({r.source_provider}) into {r.location} "
+                                  f"({r.target_provider}, new query id {r.query_id}): {r.stores} store partitions, "
+                                  f"{r.rows} rows, {_human(r.bytes)} in {r.seconds:.1f} s; start the query there to "
+                                  f"resume with batch {r.batch + 1}"), EXIT_OK
     raise AssertionError(args.command)
 
 

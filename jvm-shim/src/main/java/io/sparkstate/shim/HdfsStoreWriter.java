@@ -1,0 +1,176 @@
+package io.sparkstate.shim;
+
+import java.lang.reflect.InvocationTargetException;
+import java.lang.reflect.Method;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.Iterator;
+import java.util.List;
+import java.util.Map;
+import java.util.UUID;
+
+import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.FileSystem;
+import org.apache.hadoop.fs.Path;
+import org.apache.spark.api.java.function.Function2;
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
+import org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider;
+import org.apache.spark.sql.execution.streaming.state.KeyStateEncoderSpec;
+import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpec;
+import org.apache.spark.sql.execution.streaming.state.PrefixKeyScanStateEncoderSpec;
+import org.apache.spark.sql.execution.streaming.state.StateStore;
+import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
+import org.apache.spark.sql.execution.streaming.state.StateStoreId;
+import org.apache.spark.sql.internal.SQLConf;
+import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.util.SerializableConfiguration;
+import scala.Option;
+
+/**
+ * Writes one version of a state store in the format of Spark's {@code HDFSBackedStateStoreProvider},
+ * through that provider's own code, from the rows of Spark's {@code statestore} data source
+ * ({@code partition_id, key, value}): what {@code spark_state.migrate(..., to="hdfs")} runs on the
+ * executors, one task per state partition.
+ *
+ * <p>The provider commits version {@code v + 1} only on top of version {@code v}'s files, and a
+ * migrated store has no earlier versions. So each task commits the whole state as version 1 of a
+ * fresh provider with a forced snapshot (Spark writes {@code 1.delta} and {@code 1.snapshot}), then
+ * gives the snapshot the target version's name: every byte is the provider's, the version is only in
+ * the file name. Spark loads a version from its snapshot without any earlier file.
+ */
+public final class HdfsStoreWriter implements Function2<Integer, Iterator<InternalRow>, Iterator<String>> {
+  private static final long serialVersionUID = 1L;
+  /** StreamExecution.RUN_ID_KEY: the provider's init reads the query run id from the Hadoop conf. */
+  private static final String RUN_ID_KEY = "sql.streaming.runId";
+
+  private final String stateRoot;
+  private final long operatorId;
+  private final String storeName;
+  private final String keySchemaJson;
+  private final String valueSchemaJson;
+  private final int numColsPrefixKey;
+  private final long version;
+  private final Map<String, String> sqlConf;
+  private final SerializableConfiguration hadoopConf;
+
+  private HdfsStoreWriter(String stateRoot, long operatorId, String storeName, StructType keySchema,
+      StructType valueSchema, int numColsPrefixKey, long version, Map<String, String> sqlConf,
+      Configuration hadoopConf) {
+    this.stateRoot = stateRoot;
+    this.operatorId = operatorId;
+    this.storeName = storeName;
+    this.keySchemaJson = keySchema.json();
+    this.valueSchemaJson = valueSchema.json();
+    this.numColsPrefixKey = numColsPrefixKey;
+    this.version = version;
+    this.sqlConf = new java.util.HashMap<>(sqlConf);
+    this.hadoopConf = new SerializableConfiguration(hadoopConf);
+  }
+
+  /**
+   * Writes version {@code version} of every partition of one store under {@code stateRoot} (the
+   * target checkpoint's {@code state} directory) from {@code rows}, the statestore data source's
+   * DataFrame of the source store (one Spark partition per state partition). {@code sqlConf} holds
+   * the confs the provider reads that the target's offset log pins (compression codec, row checksums).
+   * Returns one JSON object per partition: {@code {"partition", "rows", "bytes"}}.
+   */
+  public static List<String> write(Dataset<Row> rows, String stateRoot, long operatorId, String storeName,
+      int numColsPrefixKey, long version, Map<String, String> sqlConf) {
+    StructType schema = rows.schema();
+    StructType keySchema = (StructType) schema.apply("key").dataType();
+    StructType valueSchema = (StructType) schema.apply("value").dataType();
+    Configuration hadoopConf = rows.sparkSession().sessionState().newHadoopConf();
+    HdfsStoreWriter writer = new HdfsStoreWriter(stateRoot, operatorId, storeName, keySchema, valueSchema,
+        numColsPrefixKey, version, sqlConf, hadoopConf);
+    return rows.select("partition_id", "key", "value").queryExecution().toRdd().toJavaRDD()
+        .mapPartitionsWithIndex(writer, false).collect();
+  }
+
+  @Override
+  public Iterator<String> call(Integer partition, Iterator<InternalRow> rows) throws Exception {
+    StructType keySchema = (StructType) DataType.fromJson(keySchemaJson);
+    StructType valueSchema = (StructType) DataType.fromJson(valueSchemaJson);
+    StateStoreId id = new StateStoreId(stateRoot, operatorId, partition, storeName);
+    Configuration conf = new Configuration(hadoopConf.value());
+    conf.set(RUN_ID_KEY, UUID.randomUUID().toString());
+    SQLConf sql = new SQLConf();
+    for (Map.Entry<String, String> e : sqlConf.entrySet()) {
+      sql.setConfString(e.getKey(), e.getValue());
+    }
+    KeyStateEncoderSpec spec = numColsPrefixKey > 0
+        ? new PrefixKeyScanStateEncoderSpec(keySchema, numColsPrefixKey)
+        : new NoPrefixKeyStateEncoderSpec(keySchema);
+    HDFSBackedStateStoreProvider provider = new HDFSBackedStateStoreProvider();
+    provider.init(id, keySchema, valueSchema, spec, false, StateStoreConf.apply(sql), conf, false, Option.empty());
+    long count = 0;
+    try {
+      StateStore store = newVersionOne(provider);
+      UnsafeProjection keys = UnsafeProjection.create(keySchema);
+      UnsafeProjection values = UnsafeProjection.create(valueSchema);
+      int keyFields = keySchema.fields().length;
+      int valueFields = valueSchema.fields().length;
+      String family = StateStore.DEFAULT_COL_FAMILY_NAME();
+      while (rows.hasNext()) {
+        InternalRow row = rows.next();
+        if (row.getInt(0) != partition) {
+          store.abort();
+          throw new IllegalStateException("spark_state migrate: Spark partition " + partition + " of the "
+              + "statestore reader holds a row of state partition " + row.getInt(0) + "; the reader's "
+              + "partitioning is not one Spark partition per state partition.");
+        }
+        store.put(keys.apply(row.getStruct(1, keyFields)), values.apply(row.getStruct(2, valueFields)), family);
+        count++;
+      }
+      store.commit();
+    } finally {
+      provider.close();
+    }
+    Path dir = id.storeCheckpointLocation();
+    FileSystem fs = dir.getFileSystem(conf);
+    Path snapshot = new Path(dir, "1.snapshot");
+    if (!fs.exists(snapshot)) {
+      throw new IllegalStateException("spark_state migrate: Spark's HDFS provider committed " + dir
+          + " without writing its snapshot " + snapshot + "; nothing else was written for this store.");
+    }
+    Path target = new Path(dir, version + ".snapshot");
+    if (version != 1) {
+      if (!fs.rename(snapshot, target)) {
+        throw new IllegalStateException("spark_state migrate: cannot rename " + snapshot + " to " + target);
+      }
+      fs.delete(new Path(dir, "1.delta"), false);
+    }
+    long bytes = fs.getFileStatus(target).getLen();
+    String json = "{\"partition\":" + partition + ",\"rows\":" + count + ",\"bytes\":" + bytes + "}";
+    return Collections.singletonList(json).iterator();
+  }
+
+  /** {@code getStore(0)} with the forced snapshot on commit (its last two flags; Spark 4.3). */
+  private static StateStore newVersionOne(HDFSBackedStateStoreProvider provider) throws Exception {
+    Method best = null;
+    for (Method m : HDFSBackedStateStoreProvider.class.getMethods()) {
+      if (m.getName().equals("getStore") && m.getParameterCount() >= 2
+          && m.getParameterTypes()[0] == long.class && (best == null || m.getParameterCount() > best.getParameterCount())) {
+        best = m;
+      }
+    }
+    if (best == null || best.getParameterCount() < 3) {
+      throw new UnsupportedOperationException("spark_state migrate: writing Spark's HDFS provider format needs "
+          + "HDFSBackedStateStoreProvider.getStore(version, uniqueId, forceSnapshotOnCommit, ...), which this "
+          + "Spark version does not have; run the migration with pyspark 4.3.");
+    }
+    List<Object> args = new ArrayList<>(List.of(0L, Option.empty(), true));
+    while (args.size() < best.getParameterCount()) {
+      args.add(false);
+    }
+    try {
+      return (StateStore) best.invoke(provider, args.toArray());
+    } catch (InvocationTargetException e) {
+      Throwable cause = e.getCause();
+      throw cause instanceof Exception ? (Exception) cause : new IllegalStateException(cause);
+    }
+  }
+}
