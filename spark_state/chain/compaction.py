@@ -203,11 +203,15 @@ class Compactor:
         2. the compacted version is inside the window that every process keeps while `version` is being
            committed (``oldest_kept(version, keep)``): its record, which names the snapshot until the new
            manifest does, is not dropped by retention anywhere;
-        3. with a grace period, the record was written less than a quarter of it ago. Any process starts its
-           grace clock for the snapshot no earlier than the snapshot was written, and a commit gives up after
-           half the period between reading its base and writing its manifest (``Committer._check_deadline``):
-           so the manifest that names the snapshot lands at most 1/4 + 1/2 of the period after the snapshot
-           was written, a quarter before any process may delete it (docs/consistency.md, rule 4).
+        3. there is a grace period, and the record was written less than a quarter of it ago. Any process
+           starts its grace clock for the snapshot no earlier than the snapshot was written, and a commit gives
+           up after half the period between reading its base and writing its manifest
+           (``Committer._check_deadline``): so the manifest that names the snapshot lands at most 1/4 + 1/2 of
+           the period after the snapshot was written, a quarter before any process may delete it
+           (docs/consistency.md, rule 4). Without a grace period nothing but condition 2 would protect the
+           snapshot, and condition 2 is only this commit's view: another process's retention around a newer
+           version may already have dropped the record and deleted the snapshot (found by the multi-process
+           model test), so there is no shortcut then.
         """
         shortcut = self.shortcut
         if shortcut is None:
@@ -215,8 +219,8 @@ class Compactor:
         conditions = (
             tuple(f.ident for f in chain[:len(shortcut.folded)]) == shortcut.folded,
             shortcut.version >= oldest_kept(version, keep or MIN_KEPT_VERSIONS),
-            self.ctx.settings.file_grace_period <= 0
-            or time.monotonic() - shortcut.written <= self.ctx.settings.file_grace_period / 4,
+            self.ctx.settings.file_grace_period > 0
+            and time.monotonic() - shortcut.written <= self.ctx.settings.file_grace_period / 4,
         )
         if not all(conditions):
             return chain

@@ -115,7 +115,7 @@ def _is_companion(name: str) -> bool:
     return name.endswith(".crc") or name.endswith(".tmp")
 
 
-def _log_items(ckpt: SparkCheckpoint, log: str, upto: int) -> list[Item]:
+def log_items(ckpt: SparkCheckpoint, log: str, upto: int) -> list[Item]:
     out = []
     for name in ckpt.dir.listdir(log):
         b = batch_of(name)
@@ -124,7 +124,7 @@ def _log_items(ckpt: SparkCheckpoint, log: str, upto: int) -> list[Item]:
     return out
 
 
-def _source_items(ckpt: SparkCheckpoint, batch: int) -> list[Item]:
+def source_items(ckpt: SparkCheckpoint, batch: int) -> list[Item]:
     offsets = ckpt.offsets(batch)
     out = []
     for name in ckpt.dir.listdir("sources"):
@@ -183,9 +183,9 @@ def checkpoint_cut(ckpt: SparkCheckpoint, batch: int | None = None, progress: Pr
     ckpt.require_spark_state(batch)
     n = ckpt.num_partitions(batch)
     items = [Item("metadata", ckpt.dir, "metadata")]
-    items += _log_items(ckpt, "offsets", batch)
-    items += _log_items(ckpt, "commits", batch)
-    items += _source_items(ckpt, batch)
+    items += log_items(ckpt, "offsets", batch)
+    items += log_items(ckpt, "commits", batch)
+    items += source_items(ckpt, batch)
     items += _spark_state_files(ckpt, batch, n)
     cut = Cut(batch, ckpt.query_id, n, items)
     stores = ckpt.stores(batch)

@@ -36,14 +36,15 @@ from dataclasses import dataclass
 from typing import Iterator, Mapping
 
 from spark_state import PROVIDER_CLASS
-from spark_state.checkpoint import (DEFAULT_STORE, STORE_ENTRIES, SparkCheckpoint, StoreId, settings_from,
-                                    spark_state_root, store_ref, store_root)
-from spark_state.lifecycle.cut import Item, _log_items, _source_items, copy_items
+from spark_state.errors import CheckpointError
+from spark_state.lifecycle.cut import Item, copy_items, log_items, source_items
 from spark_state.lifecycle.progress import Progress
-from spark_state.lifecycle.rescale import _active_query_ids
-from spark_state.location import Dir
-from spark_state.options import PREFIX, Settings
-from spark_state.sparklog import PROVIDER_CLASS_CONF, CheckpointError, OffsetSeq, query_metadata
+from spark_state.lifecycle.rescale import active_query_ids
+from spark_state.options import PREFIX, Settings, settings_from
+from spark_state.spark.checkpoint import SparkCheckpoint, spark_state_root, store_ref, store_root
+from spark_state.spark.files import PROVIDER_CLASS_CONF, OffsetSeq, query_metadata
+from spark_state.storage.directory import Dir
+from spark_state.storage.layout import DEFAULT_STORE, STORE_ENTRIES, StoreId
 
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -90,7 +91,7 @@ class StorePlan:
 def _require_stopped(ckpt: SparkCheckpoint) -> int:
     """The last committed batch, or a refusal while the query runs or its last batch did not commit."""
     committed = ckpt.committed()
-    if ckpt.query_id in _active_query_ids():
+    if ckpt.query_id in active_query_ids():
         raise CheckpointError(f"query {ckpt.query_id} is running in this Spark session; stop it (query.stop()) "
                               f"before migrating {ckpt.url}.")
     if ckpt.last_batch is not None and ckpt.last_batch > committed:
@@ -198,7 +199,7 @@ def _session() -> Iterator:
 
     active = SparkSession.getActiveSession()
     if active is not None:
-        from spark_state.spark_config import ensure_driver_classpath
+        from spark_state.spark.config import ensure_driver_classpath
 
         try:
             active.sparkContext
@@ -346,14 +347,14 @@ def _write(spark, plan: _Plan, progress: Progress) -> dict[StorePlan, dict[int, 
     ckpt, batch = plan.ckpt, plan.batch
     offsets = [Item(i.rel, data=OffsetSeq.parse(i.fetch(), ckpt.dir.url_of(i.rel))
                     .with_conf({PROVIDER_CLASS_CONF: TARGETS[plan.to]}).to_bytes())
-               for i in _log_items(ckpt, "offsets", batch)]
+               for i in log_items(ckpt, "offsets", batch)]
     copy_items(offsets, lambda rel: (plan.target, rel), progress, "writing the offset log")
     written = {}
     with progress.task(f"migrating the state of batch {batch} to {plan.to}", len(plan.stores) * plan.num_partitions) \
             as task:
         for store in plan.stores:
             written[store] = _write_store(spark, plan, store, task)
-    logs = (_spark_state_dir_files(ckpt) + _source_items(ckpt, batch) + _log_items(ckpt, "commits", batch)
+    logs = (_spark_state_dir_files(ckpt) + source_items(ckpt, batch) + log_items(ckpt, "commits", batch)
             + [Item("metadata", data=query_metadata(plan.query_id))])
     copy_items(logs, lambda rel: (plan.target, rel), progress, "copying logs and Spark's state metadata")
     return written

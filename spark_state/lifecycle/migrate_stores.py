@@ -30,14 +30,15 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from spark_state import snapshot
+from spark_state.format import datafile
 from spark_state.errors import StorageError
 from spark_state.keygroups import key_groups_of, partitions_of
 from spark_state.lifecycle.progress import Task
-from spark_state.manifest import SNAPSHOT, Manifest
+from spark_state.format.manifest import SNAPSHOT, FileEntry, Manifest
+from spark_state.format.tables import cast_positional, typed_schema
 from spark_state.options import Settings
-from spark_state.state import StoreRef, _cast_positional, _entry
 from spark_state.storage import storage_for
+from spark_state.storage.layout import StoreRef
 
 #: The rows a writing task returns to the driver: one per state partition.
 RESULT_SCHEMA = "partition int, rows long, bytes long"
@@ -68,7 +69,7 @@ class StoreJob:
 
     @property
     def schema(self) -> pa.Schema:
-        return snapshot.typed_schema(self.key_type, self.value_type)
+        return typed_schema(self.key_type, self.value_type)
 
 
 def arrow_struct(spark_type) -> pa.DataType:
@@ -86,10 +87,10 @@ def write_snapshot(job: StoreJob, partition: int, table: pa.Table) -> tuple[int,
     manifest (which makes the version visible). Returns (rows, bytes written)."""
     ref = job.refs[partition]
     storage = storage_for(ref, job.settings)
-    encoded = snapshot.encode(table, job.settings.compression_level)
+    encoded = datafile.encode(table, job.settings.compression_level)
     path = storage.new_file_path(job.version, SNAPSHOT)
     storage.write_file(path, encoded.data)
-    manifest = Manifest(job.version, job.settings.max_parallelism, (_entry(path, SNAPSHOT, job.version, encoded),),
+    manifest = Manifest(job.version, job.settings.max_parallelism, (FileEntry.written(path, SNAPSHOT, job.version, encoded),),
                         rows=encoded.rows, query_id=job.query_id)
     body = manifest.to_json()
     storage.commit_manifest(job.version, body)
@@ -112,7 +113,7 @@ def _rows_of(batches: list[pa.RecordBatch], job: StoreJob, partition: int, num_p
             f"Nothing was written for this store; please report it.")
     table = pa.table({"kg": pa.array(key_groups_of(hashes, job.settings.max_parallelism), pa.int32()),
                       "hash": pa.array(hashes, pa.int32()), "key": read.column("key"), "value": read.column("value")})
-    return _cast_positional(table, target)
+    return cast_positional(table, target)
 
 
 def _write_partition(job: StoreJob, num_partitions: int, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

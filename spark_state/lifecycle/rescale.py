@@ -113,7 +113,7 @@ def plan_rescale(sources: Mapping[tuple[int, str], Mapping[int, Manifest]], old_
     return plans, references
 
 
-def _active_query_ids() -> set[str]:
+def active_query_ids() -> set[str]:
     try:
         from pyspark.sql import SparkSession
 
@@ -126,7 +126,7 @@ def _active_query_ids() -> set[str]:
 def _check_stopped(ckpt: SparkCheckpoint, new_n: int) -> tuple[int, bool]:
     """(last committed batch N, whether batch N+1 is an unfinished rescale to new_n) or a clear refusal."""
     committed = ckpt.committed()
-    if ckpt.query_id in _active_query_ids():
+    if ckpt.query_id in active_query_ids():
         raise CheckpointError(f"query {ckpt.query_id} is running in this Spark session; stop it "
                               f"(query.stop()) before rescaling {ckpt.url}.")
     last = ckpt.last_batch

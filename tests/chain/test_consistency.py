@@ -80,6 +80,25 @@ def test_compaction_elsewhere_never_pulls_files_from_under_a_commit(root):
     assert checked_dict(a.load(6)) == {KEYS[v]: b"%d" % v for v in range(1, 6)}
 
 
+def test_a_compaction_shortcut_never_names_a_snapshot_retention_elsewhere_dropped(root):
+    """Process a compacts version 3 and, with no grace period, must not let a later commit of its own build on
+    that snapshot: process b's retention around a newer version (window 4-7) drops record 3 and deletes the
+    snapshot, so a re-commit of version 5 on base 4 would name a missing file (found by the model test)."""
+    a, b = process(root, snapshot_interval=2), process(root, snapshot_interval=2)
+    for v in range(1, 5):
+        a.commit(v, changes({KEYS[v]: b"%d" % v}))        # manifest 4 names the chain v1 snapshot + deltas 2-4
+    a.maintenance(4, version=3)                            # compacts version 3: a record, a snapshot of v3
+    assert a.reader.view(3).record is not None
+    for v in range(5, 8):
+        b.commit(v, changes({KEYS[v]: b"%d" % v}))
+    b.maintenance(4, version=7)                            # window 4-7: record 3 dropped, its snapshot deleted
+    assert a.reader.view(4).record is None
+    a.commit(5, changes({KEYS[5]: b"again"}), min_versions_to_retain=4)   # a retried batch on base 4
+    assert_files_of_kept_versions_exist(a)
+    assert checked_dict(b.load(5)) == {KEYS[1]: b"1", KEYS[2]: b"2", KEYS[3]: b"3", KEYS[4]: b"4",
+                                       KEYS[5]: b"again"}
+
+
 def test_grace_period_keeps_orphans_until_seen_long_enough(root):
     a = process(root, file_grace_period=3600)
     for v in range(1, 6):

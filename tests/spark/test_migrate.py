@@ -27,13 +27,15 @@ from spark_state import PROVIDER_CLASS
 from spark_state.lifecycle.migrate import HDFS_PROVIDER, ROCKSDB_PROVIDER, migrate
 from spark_state.lifecycle.progress import Progress, Task
 from spark_state.options import PREFIX
-from spark_state.sparklog import CheckpointError
-from tests.lifecycle import cli_json
-from tests.scenarios import SCENARIOS
-from tests.streaming import NO_DATA_BATCHES, JsonStream, Query, arrow_rows, open_stored, read_state
-from tests.test_apply_in_pandas_with_state import PHASES as AIP_PHASES
-from tests.test_apply_in_pandas_with_state import SCHEMA as AIP_SCHEMA
-from tests.test_apply_in_pandas_with_state import build_query
+from spark_state.errors import CheckpointError
+from spark_state.format.manifest import Manifest
+from tests.support.lifecycle import cli_json
+from tests.support.scenarios import SCENARIOS
+from tests.support.spark import NO_DATA_BATCHES, JsonStream, Query, arrow_rows, statestore_rows
+from tests.support.stores import open_stored
+from tests.support.running_total import PHASES as AIP_PHASES
+from tests.support.running_total import SCHEMA as AIP_SCHEMA
+from tests.support.running_total import build_query
 
 ROCKSDB = {"spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER}
 SOURCES = {
@@ -43,10 +45,7 @@ SOURCES = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _only_spark_state(tested):
-    if tested != "spark_state":
-        pytest.skip("migration is to and from spark_state")
+pytestmark = pytest.mark.spark_state_only("migration is to and from spark_state")
 
 
 # ----------------------------------------------------------------------------- round trips
@@ -208,7 +207,7 @@ def test_migrated_state_reads_back_as_the_source_state_and_timeouts_are_kept(spa
     before = sorted((p.relative_to(query.checkpoint), p.stat().st_size) for p in query.checkpoint.rglob("*"))
     migrate(str(query.checkpoint), str(tmp_path / "ss"))
     migrate(str(tmp_path / "ss"), str(tmp_path / "back"), to="hdfs")
-    state = [read_state(spark, c) for c in (query.checkpoint, tmp_path / "ss", tmp_path / "back")]
+    state = [statestore_rows(spark, c) for c in (query.checkpoint, tmp_path / "ss", tmp_path / "back")]
     assert state[0] == state[1] == state[2]
     timeouts = [row[1][-1] for row in state[0]]
     assert len(timeouts) == 4 and all(t and t > 0 for t in timeouts), f"no timeout timestamps: {state[0]}"
@@ -228,7 +227,8 @@ def test_progress_counts_every_store_partition_and_max_parallelism_is_the_target
     assert {t.description for t in progress.tasks} >= {"writing the offset log",
                                                          "copying logs and Spark's state metadata"}
     store = open_stored(tmp_path / "ss", 0, 0, max_parallelism=64)
-    manifest = store._read_manifest(result.batch + 1)
+    v = result.batch + 1
+    manifest = Manifest.from_json(store.storage.read_manifest(v), str(v))
     assert manifest.max_parallelism == 64 and manifest.query_id == result.query_id
 
 
@@ -358,13 +358,13 @@ def test_a_migration_that_fails_part_way_leaves_no_target(stopped, tmp_path):
 @pytest.mark.skipif(__import__("importlib").util.find_spec("google.protobuf") is None,
                     reason="transformWithStateInPandas needs the protobuf package")
 def test_a_real_transform_with_state_checkpoint_is_refused(spark, tmp_path):
-    from tests.scenarios import EVENTS
-    from tests.streaming import ts
-    from tests.test_operators import _transform_with_state
+    from tests.support.scenarios import EVENTS
+    from tests.support.spark import ts
+    from tests.support.transform_with_state import transform_with_state
 
     events = JsonStream(tmp_path / "events", EVENTS)
     events.add([{"k": "a", "v": 1, "ts": ts(1)}])
-    query = Query(spark, lambda s: _transform_with_state(events.read(s)), tmp_path / "ckpt", mode="update",
+    query = Query(spark, lambda s: transform_with_state(events.read(s)), tmp_path / "ckpt", mode="update",
                   provider="hdfs", conf=ROCKSDB)
     query.run()
     with pytest.raises(CheckpointError, match="transformWithState keeps state in several column families"):
