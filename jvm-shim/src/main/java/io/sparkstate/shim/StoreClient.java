@@ -14,10 +14,11 @@ import java.util.concurrent.atomic.LongAdder;
 import org.apache.spark.sql.execution.streaming.state.StateStoreId;
 
 /**
- * The worker's operations on one store as typed calls, one method per op of the Python
- * {@code Dispatcher} (spark_state/worker/server.py; docs/protocol.md, "Requests"): every request's op
- * and field names are written here and nowhere else. Connections, retries and worker restarts are the
- * {@link WorkerClient}'s. Thread-safe.
+ * The worker's operations on one store as typed calls, one method per {@code op_*} of the Python
+ * {@code Dispatcher} the shim uses (spark_state/worker/server.py; docs/protocol.md, "Requests"):
+ * every request's op and field names are written here and nowhere else ({@code hello} opens a
+ * {@link WorkerConnection}; the shim sends no {@code latest} or {@code shutdown}). Connections,
+ * retries and worker restarts are the {@link WorkerClient}'s. Thread-safe.
  */
 final class StoreClient {
   static final String OP_VALIDATE = "validate";
