@@ -14,22 +14,22 @@ final class Unsupported {
   private Unsupported() {}
 
   /** Refuses a column family other than the default one. */
-  static void checkColumnFamily(String name, Object store) {
+  static void checkColumnFamily(String name, Object provider) {
     if (name != null && !StateStore.DEFAULT_COL_FAMILY_NAME().equals(name)) {
-      throw columnFamilies("column family '" + name + "'", store);
+      throw columnFamilies("column family '" + name + "'", provider);
     }
   }
 
-  static UnsupportedOperationException columnFamilies(String what, Object store) {
-    return new UnsupportedOperationException("spark_state: " + what + " is not supported by " + store
+  static UnsupportedOperationException columnFamilies(String what, Object provider) {
+    return new UnsupportedOperationException("spark_state: " + what + " is not supported by " + provider
         + ": spark_state supports single-value stores in the default column family only (like Spark's "
         + "HDFSBackedStateStoreProvider). Multiple column families are used by transformWithState / "
         + "transformWithStateInPandas; run those with " + ROCKSDB);
   }
 
-  static UnsupportedOperationException multipleValues(String what, Object store) {
+  static UnsupportedOperationException multipleValues(String what, Object provider) {
     return new UnsupportedOperationException("spark_state: " + what + " (multiple values per key) is not "
-        + "supported by " + store + ": spark_state supports single-value stores in the default column family "
+        + "supported by " + provider + ": spark_state supports single-value stores in the default column family "
         + "only (like Spark's HDFSBackedStateStoreProvider). Multiple values per key are used by "
         + "transformWithState / transformWithStateInPandas (ListState); run those with " + ROCKSDB);
   }
