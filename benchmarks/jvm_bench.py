@@ -12,6 +12,7 @@ import pyspark
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "jvm" / "ProviderBench.java"
+VARIANTS_SOURCE = HERE / "jvm" / "VariantProviders.java"
 LOG4J = HERE / "jvm" / "log4j2.properties"
 BUILD = HERE / "jvm" / "build"
 JARS = Path(pyspark.__file__).resolve().parent / "jars"
@@ -53,6 +54,21 @@ def compile_harness() -> Path:
     return BUILD
 
 
+def compile_variants(shim_jar: Path) -> Path:
+    """javac VariantProviders.java against the shim jar (only when the source or the jar changed): the
+    classes join the harness's on the classpath, in the shim's package."""
+    target = BUILD / "io" / "sparkstate" / "shim" / "VariantProviders.class"
+    if target.exists() and target.stat().st_mtime >= max(VARIANTS_SOURCE.stat().st_mtime, shim_jar.stat().st_mtime):
+        return BUILD
+    BUILD.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        ["javac", "-nowarn", "-encoding", "UTF-8", "-d", str(BUILD), "-cp", f"{shim_jar}{os.pathsep}{JARS}/*",
+         str(VARIANTS_SOURCE)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"javac VariantProviders.java failed:\n{proc.stderr}")
+    return BUILD
+
+
 def heap_for(rows: int) -> str:
     if rows <= 200_000:
         return "2g"
@@ -71,8 +87,10 @@ def run(provider, mode: str, rows: int, ckpt_dir: Path, log_path: Path, *, shim_
         if shim_jar is None:
             raise RuntimeError("spark_state shim jar not available")
         cp.insert(0, str(shim_jar))
+        if provider.variant:
+            compile_variants(shim_jar)
     cmd = ["java", f"-Xmx{heap_for(rows)}", f"-Dlog4j2.configurationFile={LOG4J}", *JAVA_OPENS,
-           *(extra_jvm or []), *getattr(provider, "jvm_opts", ()), "-cp", os.pathsep.join(cp), "ProviderBench",
+           *(extra_jvm or []), "-cp", os.pathsep.join(cp), "ProviderBench",
            "--provider-class", provider.cls, "--mode", mode, "--rows", str(rows), "--dir", str(ckpt_dir),
            "--batches", str(batches), "--change-pct", str(change_pct), "--data", data]
     if version is not None:

@@ -12,6 +12,9 @@ ROCKSDB_CLASS = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStor
 SPARK_STATE_CLASS = "io.sparkstate.shim.SparkStateProvider"
 CHANGELOG_KEY = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
 SS = "spark.sql.streaming.stateStore.sparkState."
+#: The A/B variants of spark_state's provider (benchmarks/jvm/VariantProviders.java): compiled beside the
+#: shim jar for the JVM scenarios (micro, restore, memory); the end-to-end scenarios run the real jar only.
+VARIANTS = "io.sparkstate.shim.VariantProviders"
 
 #: Memory storage keeps every snapshot in the worker's memory and refuses one
 #: bigger than memory.maxStateSize (5 MiB by default). The benchmarks raise it
@@ -27,7 +30,11 @@ class Provider:
     confs: dict = field(default_factory=dict)
     spark_state: bool = False     # ours (numerator of every ratio) or a peer
     storage: str | None = None
-    jvm_opts: tuple = ()          # extra JVM options (spark_state_fs_f1: the shim writes file format 1)
+
+    @property
+    def variant(self) -> bool:
+        """One of VariantProviders: runs in the JVM scenarios only."""
+        return self.cls.startswith(VARIANTS + "$")
 
     def sql_confs(self) -> dict[str, str]:
         return {"spark.sql.streaming.stateStore.providerClass": self.cls, **self.confs}
@@ -42,15 +49,15 @@ def all_providers(python: str | None = None) -> list[Provider]:
         Provider("spark_state_fs", "spark_state (filesystem)", SPARK_STATE_CLASS,
                  {SS + "storage": "filesystem", SS + "python": python},
                  spark_state=True, storage="filesystem"),
-        Provider("spark_state_fs_f1", "spark_state (filesystem, file format 1)", SPARK_STATE_CLASS,
+        Provider("spark_state_fs_f1", "spark_state (filesystem, file format 1)", VARIANTS + "$OpaqueRows",
                  {SS + "storage": "filesystem", SS + "python": python},
-                 spark_state=True, storage="filesystem", jvm_opts=("-Dspark_state.opaqueRows=true",)),
+                 spark_state=True, storage="filesystem"),
         Provider("spark_state_fs_aw", "spark_state (filesystem, Spark's ArrowWriter for every schema)",
-                 SPARK_STATE_CLASS, {SS + "storage": "filesystem", SS + "python": python},
-                 spark_state=True, storage="filesystem", jvm_opts=("-Dspark_state.arrowWriterOnly=true",)),
+                 VARIANTS + "$ArrowWriterOnly", {SS + "storage": "filesystem", SS + "python": python},
+                 spark_state=True, storage="filesystem"),
         Provider("spark_state_fs_atcommit", "spark_state (filesystem, changes encoded at commit)",
-                 SPARK_STATE_CLASS, {SS + "storage": "filesystem", SS + "python": python},
-                 spark_state=True, storage="filesystem", jvm_opts=("-Dspark_state.encodeAtCommit=true",)),
+                 VARIANTS + "$EncodeAtCommit", {SS + "storage": "filesystem", SS + "python": python},
+                 spark_state=True, storage="filesystem"),
         Provider("spark_state_fs_cold", "spark_state (filesystem, worker not prestarted)", SPARK_STATE_CLASS,
                  {SS + "storage": "filesystem", SS + "python": python, SS + "prestartWorker": "false"},
                  spark_state=True, storage="filesystem"),

@@ -144,6 +144,10 @@ class Runner:
         for scen in ("agg", "pandas"):
             if want(scen):
                 for pr in provs:
+                    if pr.variant:
+                        self.skipped.append(f"e2e {scen} {pr.name}: not run — an A/B variant runs in the JVM "
+                                            f"scenarios only (benchmarks/jvm/VariantProviders.java)")
+                        continue
                     yield f"e2e {scen} {pr.name}", self.e2e, (pr, scen)
 
     def micro(self, pr, n):

@@ -96,7 +96,7 @@ public class ArenaProbe {
       String[] a = line.split(" ");
       switch (a[0]) {
         case "reset":
-          map = new StateMap(0, null, 0, KEY.fields().length, VALUE.fields().length);
+          map = new RowArena(KEY.fields().length, VALUE.fields().length, 0);
           held.clear();
           heldText.clear();
           out.println("OK " + a[1]);
@@ -172,7 +172,7 @@ public class ArenaProbe {
   static final int PINNED = 100;
 
   static String race(int keys, int ops) throws Exception {
-    StateMap map = new StateMap(0, null, 0, KEY.fields().length, VALUE.fields().length);
+    StateMap map = new RowArena(KEY.fields().length, VALUE.fields().length, 0);
     java.util.Map<String, String> model = new java.util.HashMap<>();
     java.util.concurrent.atomic.AtomicReference<String> bad = new java.util.concurrent.atomic.AtomicReference<>();
     java.util.concurrent.atomic.AtomicBoolean done = new java.util.concurrent.atomic.AtomicBoolean();

@@ -6,23 +6,22 @@ import java.io.FileOutputStream;
 import java.io.InputStream;
 import java.io.InputStreamReader;
 import java.io.OutputStream;
-import java.util.AbstractMap;
 import java.util.ArrayList;
 import java.util.List;
-import java.util.Map;
 
 import org.apache.arrow.memory.RootAllocator;
 import org.apache.arrow.vector.VectorSchemaRoot;
 import org.apache.arrow.vector.ipc.ArrowStreamReader;
 import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
+import org.apache.spark.sql.execution.streaming.state.UnsafeRowPair;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.vectorized.ArrowColumnVector;
 
 /**
  * Encodes the same rows with TypedCodec's FlatStructWriter path and with Spark's ArrowWriter
- * (system property spark_state.arrowWriterOnly), for tests/test_flat_encoder.py. One request per
+ * (TypedCodec.arrowWriterOnly), for tests/test_flat_encoder.py. One request per
  * stdin line: {@code keySchemaJson TAB valueSchemaJson TAB input.arrow TAB outDir}; the input is an
  * Arrow stream with struct columns {@code key} and {@code value} (null value = delete), turned into
  * UnsafeRows through ArrowColumnVector and UnsafeProjection. Writes outDir/flat.arrow and
@@ -45,12 +44,9 @@ public class EncoderProbe {
   private static String handle(String[] req) throws Exception {
     StructType key = (StructType) DataType.fromJson(req[0]);
     StructType value = (StructType) DataType.fromJson(req[1]);
-    List<Map.Entry<UnsafeRow, UnsafeRow>> rows = read(req[2], key, value);
-    System.clearProperty("spark_state.arrowWriterOnly");
+    List<UnsafeRowPair> rows = read(req[2], key, value);
     TypedCodec flat = TypedCodec.forSchemas(key, value);
-    System.setProperty("spark_state.arrowWriterOnly", "true");
-    TypedCodec writer = TypedCodec.forSchemas(key, value);
-    System.clearProperty("spark_state.arrowWriterOnly");
+    TypedCodec writer = TypedCodec.arrowWriterOnly(key, value);
     if (flat == null || writer == null || writer.flat()) {
       return "ERR no typed codec for " + key.simpleString() + " / " + value.simpleString();
     }
@@ -60,9 +56,8 @@ public class EncoderProbe {
     return "OK " + flat.flat();
   }
 
-  private static List<Map.Entry<UnsafeRow, UnsafeRow>> read(String path, StructType key, StructType value)
-      throws Exception {
-    List<Map.Entry<UnsafeRow, UnsafeRow>> rows = new ArrayList<>();
+  private static List<UnsafeRowPair> read(String path, StructType key, StructType value) throws Exception {
+    List<UnsafeRowPair> rows = new ArrayList<>();
     UnsafeProjection kp = UnsafeProjection.create(key);
     UnsafeProjection vp = UnsafeProjection.create(value);
     try (InputStream f = new FileInputStream(path);
@@ -75,7 +70,7 @@ public class EncoderProbe {
         for (int i = 0; i < root.getRowCount(); i++) {
           UnsafeRow kr = kp.apply(k.getStruct(i)).copy();
           UnsafeRow vr = v.isNullAt(i) ? null : vp.apply(v.getStruct(i)).copy();
-          rows.add(new AbstractMap.SimpleEntry<>(kr, vr));
+          rows.add(new UnsafeRowPair(kr, vr));
         }
       }
     }

@@ -1,10 +1,10 @@
 package io.sparkstate.shim;
 
-import java.util.LinkedHashMap;
+import java.util.List;
 
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
 import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
-import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
+import org.apache.spark.sql.execution.streaming.state.UnsafeRowPair;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.unsafe.types.VariantVal;
@@ -27,11 +27,11 @@ public class VariantProbe {
     Object v = vb.getMethod("parseJson", String.class, boolean.class).invoke(null, "{\"a\":1}", false);
     VariantVal variant = new VariantVal((byte[]) v.getClass().getMethod("getValue").invoke(v),
         (byte[]) v.getClass().getMethod("getMetadata").invoke(v));
-    LinkedHashMap<UnsafeRow, UnsafeRow> rows = new LinkedHashMap<>();
-    rows.put(UnsafeProjection.create(key).apply(new GenericInternalRow(new Object[] {1})).copy(),
+    UnsafeRowPair row = new UnsafeRowPair(
+        UnsafeProjection.create(key).apply(new GenericInternalRow(new Object[] {1})).copy(),
         UnsafeProjection.create(value).apply(new GenericInternalRow(new Object[] {variant, 1L})).copy());
     try {
-      codec.encode(rows.entrySet().iterator(), rows.size(), new KeyHasher(key, 1, 16));
+      codec.encode(List.of(row).iterator(), 1, new KeyHasher(key, 1, 16));
       System.out.println("OK");
     } catch (Throwable t) {
       System.out.println("FAILED " + t);

@@ -5,8 +5,8 @@ import java.io.InputStream;
 import java.io.OutputStream;
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.Iterator;
 import java.util.List;
-import java.util.Map;
 
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.memory.RootAllocator;
@@ -21,6 +21,7 @@ import org.apache.arrow.vector.types.pojo.Field;
 import org.apache.arrow.vector.types.pojo.Schema;
 import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
+import org.apache.spark.sql.execution.streaming.state.UnsafeRowPair;
 import org.apache.spark.sql.types.StructType;
 
 /**
@@ -101,9 +102,9 @@ final class ArrowCodec {
     }
   }
 
-  /** Encodes a change log (key to new value, null = delete) as one Arrow stream. */
-  static Body encodeChanges(Map<UnsafeRow, UnsafeRow> changes, KeyHasher hasher) throws IOException {
-    Body bytes = new Body(Math.max(1024, Math.min(changes.size(), 1 << 22) * 64));
+  /** Encodes rows (null value = delete) as one Arrow stream of opaque rows ({@code expected}: about how many). */
+  static Body encodeOpaque(Iterator<UnsafeRowPair> rows, long expected, KeyHasher hasher) throws IOException {
+    Body bytes = new Body((int) Math.max(1024, Math.min(expected, 1 << 22) * 64));
     try (BufferAllocator alloc = ROOT.newChildAllocator("spark-state-commit", 0, Long.MAX_VALUE);
          VectorSchemaRoot root = VectorSchemaRoot.create(SCHEMA, alloc);
          ArrowStreamWriter writer = new ArrowStreamWriter(root, null, bytes)) {
@@ -115,9 +116,10 @@ final class ArrowCodec {
       int n = 0;
       long batchBytes = 0;
       root.allocateNew();
-      for (Map.Entry<UnsafeRow, UnsafeRow> e : changes.entrySet()) {
-        UnsafeRow k = e.getKey();
-        UnsafeRow v = e.getValue();
+      while (rows.hasNext()) {
+        UnsafeRowPair row = rows.next();
+        UnsafeRow k = row.key();
+        UnsafeRow v = row.value();
         int h = hasher.hash(k);
         kg.setSafe(n, hasher.keyGroup(h));
         hash.setSafe(n, h);

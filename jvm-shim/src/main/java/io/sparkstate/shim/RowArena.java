@@ -10,17 +10,18 @@ import org.apache.spark.unsafe.Platform;
 import org.apache.spark.unsafe.array.ByteArrayMethods;
 
 /**
- * Key → value rows with no Java objects per row: each record {@code [keyLen][valueLen][key][value]} is
- * appended to large on-heap pages, and an open-addressing table of longs (key hash, record address)
- * finds it. A record is never written again once appended: a put appends a new one and the old one
- * becomes garbage until the next compaction copies the live records into fresh pages. So a row handed
- * out (an {@link UnsafeRow} pointing into a page) keeps its bytes for as long as anyone holds it, the
- * page being an ordinary array the GC keeps alive.
+ * The {@link StateMap} of stores without prefix scans. Key → value rows with no Java objects per row:
+ * each record {@code [keyLen][valueLen][key][value]} is appended to large on-heap pages, and an
+ * open-addressing table of longs (key hash, record address) finds it. A record is never written again
+ * once appended: a put appends a new one and the old one becomes garbage until the next compaction
+ * copies the live records into fresh pages. So a row handed out (an {@link UnsafeRow} pointing into a
+ * page) keeps its bytes for as long as anyone holds it, the page being an ordinary array the GC keeps
+ * alive.
  *
  * <p>Every method is synchronized: a read store of another task may read while a store writes. The
  * rows handed out need no lock (their bytes never change).
  */
-final class RowArena {
+final class RowArena implements StateMap {
   /**
    * Largest page (1 MiB, which bounds record offsets in a page to 17 bits of 8-byte words); the system
    * property {@code spark_state.arenaPageBytes} makes pages smaller (tests cross many pages with little data).
@@ -73,7 +74,8 @@ final class RowArena {
     return Integer.highestOneBit((int) want - 1) << 1;
   }
 
-  synchronized int size() {
+  @Override
+  public synchronized long size() {
     return live;
   }
 
@@ -81,17 +83,20 @@ final class RowArena {
    * Bytes the pages and the slots take: what the map holds on the heap (garbage and the unused tail of
    * the last page included; pages only rows handed out still reference are not).
    */
-  synchronized long bytes() {
+  @Override
+  public synchronized long bytes() {
     return pageBytes + (long) table.slots.length * 8;
   }
 
-  synchronized UnsafeRow get(UnsafeRow key) {
+  @Override
+  public synchronized UnsafeRow get(UnsafeRow key) {
     int i = find(key, key.hashCode());
     return i < 0 ? null : valueAt(table.pages, ref(table.slots[i]));
   }
 
   /** Copies the key and value bytes in; returns the previous value or null. */
-  synchronized UnsafeRow put(UnsafeRow key, UnsafeRow value) {
+  @Override
+  public synchronized UnsafeRow put(UnsafeRow key, UnsafeRow value) {
     int h = key.hashCode();
     long[] slots = table.slots;
     int mask = slots.length - 1;
@@ -125,8 +130,8 @@ final class RowArena {
     }
   }
 
-  /** Removes a key; returns the previous value or null. */
-  synchronized UnsafeRow remove(UnsafeRow key) {
+  @Override
+  public synchronized UnsafeRow remove(UnsafeRow key) {
     int i = find(key, key.hashCode());
     if (i < 0) {
       return null;
@@ -149,7 +154,8 @@ final class RowArena {
    * reached is returned new, keys added meanwhile may or may not be. After a rebuild it finishes the
    * old table, checking each key against the current one.
    */
-  Iterator<UnsafeRowPair> iterator() {
+  @Override
+  public Iterator<UnsafeRowPair> iterator() {
     final Table start;
     synchronized (this) {
       start = table;
@@ -198,6 +204,12 @@ final class RowArena {
         return r;
       }
     };
+  }
+
+  @Override
+  public Iterator<UnsafeRowPair> prefixScan(UnsafeRow prefixKey) {
+    throw new UnsupportedOperationException(
+        "spark_state: prefixScan needs a store created with PrefixKeyScanStateEncoderSpec");
   }
 
   // ------------------------------------------------------------------ table

@@ -1,8 +1,7 @@
 package io.sparkstate.shim;
 
-import java.util.Collections;
+import java.util.HashMap;
 import java.util.Map;
-import java.util.TreeMap;
 
 import org.apache.spark.SparkConf;
 import org.apache.spark.api.plugin.DriverPlugin;
@@ -16,11 +15,11 @@ import scala.Tuple2;
 /**
  * Starts the executor's state worker when the executor starts ({@code spark.plugins}), in the
  * background, so the first task that opens a state store does not wait for Python and pyarrow to
- * start; then loads the JVM classes of the Arrow conversion ({@link TypedCodec#warmUp}). Without it the worker starts at the first store, inside that task. Turned off with
+ * start; then loads the JVM classes of the Arrow conversion ({@link TypedCodec#warmUp}). Without it
+ * the worker starts at the first store, inside that task. Turned off with
  * {@code spark.sql.streaming.stateStore.sparkState.prestartWorker=false}.
  */
 public class SparkStatePlugin implements SparkPlugin {
-  static final String PRESTART_OPTION = "prestartWorker";
   private static final Logger LOG = LoggerFactory.getLogger(SparkStatePlugin.class);
 
   @Override
@@ -33,8 +32,8 @@ public class SparkStatePlugin implements SparkPlugin {
     return new ExecutorPlugin() {
       @Override
       public void init(PluginContext ctx, Map<String, String> extraConf) {
-        Map<String, String> options = options(ctx.conf());
-        if (!Boolean.parseBoolean(options.getOrDefault(PRESTART_OPTION, "true").trim())) {
+        Options options = options(ctx.conf());
+        if (!options.prestartWorker()) {
           return;
         }
         Thread t = new Thread(() -> {
@@ -57,14 +56,12 @@ public class SparkStatePlugin implements SparkPlugin {
     };
   }
 
-  /** The plugin's options ({@code spark.sql.streaming.stateStore.sparkState.*}) as the Spark conf holds them. */
-  static Map<String, String> options(SparkConf conf) {
-    Map<String, String> opts = new TreeMap<>();
+  /** The plugin's options as the Spark conf holds them. */
+  static Options options(SparkConf conf) {
+    Map<String, String> all = new HashMap<>();
     for (Tuple2<String, String> e : conf.getAll()) {
-      if (e._1().startsWith(SparkStateProvider.OPTION_PREFIX)) {
-        opts.put(e._1().substring(SparkStateProvider.OPTION_PREFIX.length()), e._2());
-      }
+      all.put(e._1(), e._2());
     }
-    return Collections.unmodifiableMap(opts);
+    return Options.from(all);
   }
 }

@@ -1,21 +1,11 @@
 package io.sparkstate.shim;
 
-import com.fasterxml.jackson.databind.JsonNode;
-import com.fasterxml.jackson.databind.node.ObjectNode;
-
 import java.io.IOException;
 import java.io.UncheckedIOException;
-import java.util.Arrays;
-import java.util.Collections;
-import java.util.Map;
-import java.util.Set;
-import java.util.TreeMap;
-import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.locks.ReentrantReadWriteLock;
 
 import org.apache.hadoop.conf.Configuration;
 import org.apache.spark.TaskContext;
-import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.execution.streaming.state.KeyStateEncoderSpec;
 import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpec;
 import org.apache.spark.sql.execution.streaming.state.PrefixKeyScanStateEncoderSpec;
@@ -24,8 +14,6 @@ import org.apache.spark.sql.execution.streaming.state.StateSchemaProvider;
 import org.apache.spark.sql.execution.streaming.state.StateStore;
 import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
 import org.apache.spark.sql.execution.streaming.state.StateStoreCustomMetric;
-import org.apache.spark.sql.execution.streaming.state.StateStoreCustomSumMetric;
-import org.apache.spark.sql.execution.streaming.state.StateStoreCustomTimingMetric;
 import org.apache.spark.sql.execution.streaming.state.StateStoreId;
 import org.apache.spark.sql.execution.streaming.state.StateStoreProvider;
 import org.apache.spark.sql.types.StructType;
@@ -36,31 +24,21 @@ import scala.jdk.javaapi.CollectionConverters;
 
 /**
  * spark_state's {@link StateStoreProvider}: the live version of one (operator, partition, store)
- * is a map in this JVM; commits ship their changes to the executor's Python worker, which owns
- * storage; versions the JVM does not hold are loaded from the worker.
+ * is held in this JVM ({@link StateVersion}); commits ship their changes to the executor's Python
+ * worker, which owns storage ({@link StoreClient}); versions the JVM does not hold are loaded from
+ * the worker.
  *
  * <p>Enable with {@code spark.sql.streaming.stateStore.providerClass=io.sparkstate.shim.SparkStateProvider}.
  */
 public class SparkStateProvider implements StateStoreProvider {
-  public static final String OPTION_PREFIX = "spark.sql.streaming.stateStore.sparkState.";
-  static final int DEFAULT_MAX_PARALLELISM = 100_800;
   private static final Logger LOG = LoggerFactory.getLogger(SparkStateProvider.class);
-
-  static final StateStoreCustomMetric METRIC_COMMIT_TIME = new StateStoreCustomTimingMetric(
-      "sparkStateCommitTimeMs", "spark_state: time to ship a commit to the worker and have it made durable");
-  static final StateStoreCustomMetric METRIC_LOAD_TIME = new StateStoreCustomTimingMetric(
-      "sparkStateLoadTimeMs", "spark_state: time to load a version from the worker");
-  static final StateStoreCustomMetric METRIC_BYTES_WRITTEN = new StateStoreCustomSumMetric(
-      "sparkStateBytesWritten", "spark_state: bytes written to checkpoint storage by commits");
-  static final StateStoreCustomMetric METRIC_WORKER_RESTARTS = new StateStoreCustomSumMetric(
-      "sparkStateWorkerRestarts", "spark_state: state worker restarts seen during the batch");
-  static final StateStoreCustomMetric METRIC_MAINTENANCE_FAILURES = new StateStoreCustomSumMetric(
-      MaintenanceWarnings.METRIC, "spark_state: consecutive failed background maintenance runs of the stores");
   /** Spark's local property with the running query's id (StreamExecution sets it on every task). */
   static final String QUERY_ID_PROPERTY = "sql.streaming.queryId";
-
-  /** Option sets already validated by the worker in this JVM (validate once per distinct set). */
-  private static final Set<Map<String, String>> VALIDATED = ConcurrentHashMap.newKeySet();
+  /**
+   * Most changes a change log is sized for: one huge batch does not make every following batch
+   * allocate for its size (a log grows past it when needed).
+   */
+  private static final long MAX_EXPECTED_CHANGES = 1 << 20;
 
   // StateStoreProvider trait fields
   private ReentrantReadWriteLock maintenanceLock;
@@ -72,19 +50,15 @@ public class SparkStateProvider implements StateStoreProvider {
   private int numColsPrefixKey;
   private StateStoreConf storeConf;
   private Configuration hadoopConf;
-  private Map<String, String> options = Collections.emptyMap();
-  private KeyHasher hasher;
-  /** Typed rows for this store's schemas; null when Spark's Arrow conversion cannot map them (opaque rows). */
-  private TypedCodec typed;
-  /** The store's identity as requests send it; replaced whole (never mutated) so readers need no lock. */
-  private volatile ObjectNode storeNode;
+  private RowFormat format;
+  private volatile StoreClient client;
 
   /**
    * The version this provider holds, or null before the first load and after an abort (an aborted
-   * store leaves its map dirty; the next store reloads). Guarded by {@code this}.
+   * store leaves its rows dirty; the next store reloads). Guarded by {@code this}.
    */
-  private StateMap live;
-  /** Keys changed by the last committed batch: sizes the next change log. Guarded by {@code this}. */
+  private StateVersion live;
+  /** Changes of the last committed batch: sizes the next change log. Guarded by {@code this}. */
   private long lastChanges;
   /** The store opened by getStore and not yet committed or aborted. Guarded by {@code this}. */
   private SparkStateStore open;
@@ -92,9 +66,8 @@ public class SparkStateProvider implements StateStoreProvider {
   private long unreportedLoadMs;
   /** The version this provider last loaded or committed (-1: none); maintenance retains around it. */
   private volatile long heldVersion = -1;
-  /** Consecutive failed maintenance runs of this store as the worker last reported them, and the error. */
-  private volatile long maintenanceFailures;
-  private volatile String maintenanceError;
+  /** The worker's maintenance status of this store, as it last reported it. */
+  private volatile StoreClient.Maintenance maintenance;
 
   public SparkStateProvider() {
     StateStoreProvider.$init$(this);
@@ -133,66 +106,42 @@ public class SparkStateProvider implements StateStoreProvider {
     this.storeConf = storeConf;
     this.hadoopConf = hadoopConf;
     if (useColumnFamilies) {
-      throw columnFamiliesUnsupported("a store with useColumnFamilies=true");
+      throw Unsupported.columnFamilies("a store with useColumnFamilies=true", this);
     }
     if (useMultipleValuesPerKey) {
-      throw multipleValuesUnsupported("a store with useMultipleValuesPerKey=true");
+      throw Unsupported.multipleValues("a store with useMultipleValuesPerKey=true", this);
     }
     if (storeConf.enableStateStoreCheckpointIds()) {
-      throw new UnsupportedOperationException("spark_state: " + this + " does not support "
-          + "spark.sql.streaming.stateStore.checkpointFormatVersion > 1 (state store checkpoint ids); "
-          + "set it to 1.");
+      throw Unsupported.checkpointIds(this);
     }
     if (keyStateEncoderSpec instanceof PrefixKeyScanStateEncoderSpec) {
       this.numColsPrefixKey = ((PrefixKeyScanStateEncoderSpec) keyStateEncoderSpec).numColsPrefixKey();
     } else if (keyStateEncoderSpec instanceof NoPrefixKeyStateEncoderSpec) {
       this.numColsPrefixKey = 0;
     } else {
-      throw new UnsupportedOperationException("spark_state: " + this + " does not support the key encoder "
-          + keyStateEncoderSpec + " (range scans); spark_state supports plain and prefix-scan keys.");
+      throw Unsupported.rangeScans(this, keyStateEncoderSpec);
     }
 
-    Map<String, String> opts = new TreeMap<>();
-    for (Map.Entry<String, String> e : CollectionConverters.asJava(storeConf.sqlConfs()).entrySet()) {
-      if (e.getKey().startsWith(OPTION_PREFIX)) {
-        opts.put(e.getKey().substring(OPTION_PREFIX.length()), e.getValue());
-      }
-    }
-    this.options = Collections.unmodifiableMap(opts);
-
-    int maxParallelism = DEFAULT_MAX_PARALLELISM;
-    String mp = opts.get("maxParallelism");
-    if (mp != null) {
-      try {
-        maxParallelism = Integer.parseInt(mp.trim());
-      } catch (NumberFormatException e) {
-        maxParallelism = -1; // validate below reports it
-      }
-    }
-    validateOptions();
-    if (maxParallelism <= 0) {
-      throw new IllegalArgumentException("spark_state: " + OPTION_PREFIX + "maxParallelism=" + mp
-          + " is not a positive whole number.");
-    }
-    this.hasher = new KeyHasher(keySchema,
-        KeyHasher.hashFieldCount(keySchema, numColsPrefixKey, stateStoreId.storeName()), maxParallelism);
-
-    this.typed = TypedCodec.forSchemas(keySchema, valueSchema);
-    if (typed == null) {
+    Options options = Options.from(CollectionConverters.asJava(storeConf.sqlConfs()));
+    WorkerClient worker = WorkerClient.get();
+    StoreClient.validate(worker, options);
+    KeyHasher hasher = new KeyHasher(keySchema,
+        KeyHasher.hashFieldCount(keySchema, numColsPrefixKey, stateStoreId.storeName()), options.maxParallelism());
+    this.format = rowFormat(keySchema, valueSchema, hasher);
+    if (!format.typed()) {
       LOG.info("spark_state: {} keeps opaque rows (file format 1): Spark's Arrow conversion cannot map its key "
           + "schema {} or value schema {}", this, keySchema.simpleString(), valueSchema.simpleString());
     }
-
     createStoreDirectory();
+    this.client = new StoreClient(worker, stateStoreId, options);
+  }
 
-    ObjectNode store = WorkerClient.header("store");
-    store.remove("op");
-    store.put("sparkRoot", stateStoreId.checkpointRootLocation());
-    store.put("location", stateStoreId.storeCheckpointLocation().toUri().toString());
-    store.put("operator", stateStoreId.operatorId());
-    store.put("partition", stateStoreId.partitionId());
-    store.put("name", stateStoreId.storeName());
-    this.storeNode = store;
+  /**
+   * The format this provider's rows travel in ({@link RowFormat#of}). Package-private so that the
+   * benchmarks' A/B providers (benchmarks/jvm/VariantProviders.java) can pick another.
+   */
+  RowFormat rowFormat(StructType keySchema, StructType valueSchema, KeyHasher hasher) {
+    return RowFormat.of(keySchema, valueSchema, hasher);
   }
 
   /**
@@ -210,16 +159,6 @@ public class SparkStateProvider implements StateStoreProvider {
     }
   }
 
-  private void validateOptions() {
-    if (VALIDATED.contains(options)) {
-      return;
-    }
-    ObjectNode h = WorkerClient.header("validate");
-    h.set("options", WorkerClient.optionsNode(options));
-    WorkerClient.get().call(h, null, options);
-    VALIDATED.add(options);
-  }
-
   @Override
   public StateStoreId stateStoreId() {
     return stateStoreId;
@@ -235,257 +174,162 @@ public class SparkStateProvider implements StateStoreProvider {
   /** Spark 4.2 and 4.3. */
   public synchronized StateStore getStore(long version, Option<String> uniqueId, boolean forceSnapshotOnCommit,
       boolean loadEmpty) {
-    if (version < 0) {
-      throw new IllegalArgumentException("spark_state: cannot get version " + version + " of " + this);
-    }
-    if (uniqueId.isDefined()) {
-      throw new UnsupportedOperationException("spark_state: " + this + " does not support state store "
-          + "checkpoint ids (checkpointFormatVersion > 1)");
-    }
+    checkVersion(version, uniqueId);
     if (loadEmpty) {
       throw new UnsupportedOperationException("spark_state: " + this + " does not support getStore(loadEmpty=true)");
     }
     if (open != null) {
       if (open.markAborted()) {
-        LOG.warn("spark_state: {} was left open (task retry?); dropping its map before opening version {}",
+        LOG.warn("spark_state: {} was left open (task retry?); dropping its rows before opening version {}",
             open, version);
-        dropIfLive(open.map());
+        dropIfLive(open.base);
       }
       open = null;
     }
-    long restarts = WorkerClient.threadRestarts();
-    noteQueryId();
-    if (live == null || live.version != version || !confirmed(live)) {
-      loadLive(version);
-    }
-    open = new SparkStateStore(this, live, version, unreportedLoadMs, restarts, lastChanges);
+    long restarts = client.restarts();
+    refreshLive(version);
+    open = new SparkStateStore(this, live, format.newChangeLog(Math.min(lastChanges, MAX_EXPECTED_CHANGES)),
+        unreportedLoadMs, restarts);
     unreportedLoadMs = 0;
     return open;
   }
 
   @Override
   public synchronized ReadStateStore getReadStore(long version, Option<String> uniqueId) {
-    if (version < 0) {
-      throw new IllegalArgumentException("spark_state: cannot read version " + version + " of " + this);
-    }
-    if (uniqueId.isDefined()) {
-      throw new UnsupportedOperationException("spark_state: " + this + " does not support state store "
-          + "checkpoint ids (checkpointFormatVersion > 1)");
-    }
-    noteQueryId();
+    checkVersion(version, uniqueId);
     if (open == null) {
-      if (live == null || live.version != version || !confirmed(live)) {
-        loadLive(version);
-      }
-      return new SparkStateReadStore(this, live, version);
+      refreshLive(version);
+      return new SparkStateReadStore(this, live);
     }
     // A write store is open: read a private copy so it cannot see uncommitted changes.
-    return new SparkStateReadStore(this, loadMap(version, null), version);
+    noteQueryId();
+    return new SparkStateReadStore(this, load(version, null));
   }
 
-  private void loadLive(long version) {
-    long t0 = System.nanoTime();
-    live = null;
-    live = loadMap(version, null);
-    heldVersion = version;
-    unreportedLoadMs += (System.nanoTime() - t0) / 1_000_000L;
+  private void checkVersion(long version, Option<String> uniqueId) {
+    if (version < 0) {
+      throw new IllegalArgumentException("spark_state: cannot get version " + version + " of " + this);
+    }
+    if (uniqueId.isDefined()) {
+      throw Unsupported.checkpointIds(this);
+    }
   }
 
   /**
-   * Whether storage still holds the very commit {@code map} was built from. Another attempt of a task
-   * (a retry on another executor, a speculative copy) may have re-committed that version since: then
-   * this map is stale and must be reloaded, or the next commit would build on state nobody has.
+   * Makes {@link #live} hold {@code version} as storage has it now. The map held is kept only while
+   * storage still holds the very commit it was built from: another attempt of a task (a retry on
+   * another executor, a speculative copy) may have re-committed that version since, and the next
+   * commit must not build on state nobody has.
    */
-  private boolean confirmed(StateMap map) {
-    if (map.version == 0 || map.commitId == null) {
-      return map.version == 0;
+  private void refreshLive(long version) {
+    noteQueryId();
+    StateVersion held = live != null && live.version == version ? live : null;
+    long t0 = System.nanoTime();
+    live = null;
+    live = load(version, held);
+    heldVersion = version;
+    if (live != held) {
+      unreportedLoadMs += (System.nanoTime() - t0) / 1_000_000L;
     }
-    return loadMap(map.version, map.commitId) == null;
   }
 
   /** The running query's id, from the task's local properties: the store's identity includes it. */
   private void noteQueryId() {
     TaskContext ctx = TaskContext.get();
-    String queryId = ctx == null ? null : ctx.getLocalProperty(QUERY_ID_PROPERTY);
-    if (queryId != null && !queryId.equals(storeNode.path("queryId").asText(null))) {
-      ObjectNode node = storeNode.deepCopy();
-      node.put("queryId", queryId);
-      storeNode = node;
-    }
+    client.useQueryId(ctx == null ? null : ctx.getLocalProperty(QUERY_ID_PROPERTY));
   }
 
   /**
-   * Loads {@code version} from the worker into a new map (version 0 is empty without asking). With
-   * {@code knownCommitId}, returns null instead when storage still holds that commit.
+   * {@code version} from the worker (version 0 is empty without asking); {@code known} itself when it
+   * is that version and storage still holds its commit.
    */
-  private StateMap loadMap(long version, String knownCommitId) {
+  private StateVersion load(long version, StateVersion known) {
     if (version == 0) {
-      return newMap(0, 0);
-    }
-    ObjectNode h = request("load");
-    h.put("version", version);
-    if (knownCommitId != null) {
-      h.put("commitId", knownCommitId);
+      return known != null ? known : new StateVersion(newMap(0), 0, null, format.typed());
     }
     long t0 = System.nanoTime();
-    StateMap map = WorkerClient.get().call(h, null, options, (JsonNode reply, java.io.InputStream body) -> {
-      if (reply.path("unchanged").asBoolean(false)) {
-        return null;
-      }
-      StateMap m = newMap(version, reply.path("rows").asLong(0));
-      m.commitId = reply.path("commitId").asText(null);
-      m.opaque = !ArrowCodec.decodeState(body, keySchema, valueSchema, m::load);
-      return m;
+    StateVersion loaded = client.load(version, known == null ? null : known.commitId, (rows, commitId, state) -> {
+      StateMap map = newMap(rows);
+      boolean typed = ArrowCodec.decodeState(state, keySchema, valueSchema, map::put);
+      return new StateVersion(map, version, commitId, typed);
     });
-    if (map != null) {
-      LOG.info("spark_state: loaded version {} of {} ({} keys) in {} ms", version, stateStoreId, map.size(),
-          (System.nanoTime() - t0) / 1_000_000L);
+    if (loaded == null) {
+      return known;
     }
-    return map;
+    LOG.info("spark_state: loaded version {} of {} ({} keys) in {} ms", version, stateStoreId, loaded.rows.size(),
+        (System.nanoTime() - t0) / 1_000_000L);
+    return loaded;
   }
 
-  private StateMap newMap(long version, long expectedRows) {
-    return new StateMap(version, numColsPrefixKey > 0 ? new PrefixIndex(keySchema, numColsPrefixKey) : null,
-        expectedRows, keySchema.fields().length, valueSchema.fields().length);
-  }
-
-  /** The codec of typed rows, or null when this provider ships opaque rows (file format 1). */
-  TypedCodec typedCodec() {
-    return typed;
-  }
-
-  KeyHasher hasher() {
-    return hasher;
+  /** The row store of a version with about {@code expectedRows} keys. */
+  private StateMap newMap(long expectedRows) {
+    return numColsPrefixKey > 0 ? new PrefixScanMap(keySchema, numColsPrefixKey, expectedRows)
+        : new RowArena(keySchema.fields().length, valueSchema.fields().length, expectedRows);
   }
 
   /**
-   * Ships a change map (key to new value, null = delete), or the whole map (see {@link #isFull}), as
-   * version {@code newVersion}, built on the commit {@code map} holds (the worker refuses it if storage
-   * holds another); returns the reply (bytes written, the new commit id).
+   * Ships {@code store}'s batch as the next version: its change log, or its whole rows when storage
+   * holds the base version in the other format (executors that disagree on it: typed changes cannot
+   * build on opaque files, nor the reverse); the worker refuses it if storage holds another base
+   * commit. Makes the new version the live one; returns the bytes the worker wrote.
    */
-  JsonNode commitChanges(StateMap map, long newVersion, Map<UnsafeRow, UnsafeRow> changes) {
-    boolean full = isFull(map);
+  long commit(SparkStateStore store, ChangeLog changes) {
+    StateVersion base = store.base;
+    long newVersion = base.version + 1;
+    boolean whole = base.needsWholeCommit(format);
+    boolean repeatedKeys = !whole && changes.mayRepeatKeys();
+    long changed = changes.size();
     ArrowCodec.Body body;
     try {
-      if (typed == null) {
-        body = ArrowCodec.encodeChanges(full ? map.asMap() : changes, hasher);
-      } else if (full) {
-        body = typed.encode(map.asMap().entrySet().iterator(), map.size(), hasher);
+      if (whole) {
+        changes.close();
+        body = format.encode(base.rows.iterator(), base.rows.size());
       } else {
-        body = typed.encode(changes.entrySet().iterator(), changes.size(), hasher);
+        body = changes.finish();
       }
     } catch (IOException e) {
       throw new UncheckedIOException("spark_state: cannot encode the changes of " + this, e);
     }
-    return sendCommit(map, newVersion, body, full, false);
-  }
-
-  /**
-   * Ships a typed change log encoded during the batch (null: no changes); {@code repeatedKeys}: it
-   * may name a key more than once (the worker keeps the last row). A map to ship whole ignores the log.
-   */
-  JsonNode commitLog(StateMap map, long newVersion, TypedCodec.Encoder log, boolean repeatedKeys) {
-    boolean full = isFull(map);
-    ArrowCodec.Body body;
-    try {
-      if (full || log == null) {
-        if (log != null) {
-          log.close();
-        }
-        body = full ? typed.encode(map.asMap().entrySet().iterator(), map.size(), hasher)
-            : typed.encode(java.util.Collections.emptyIterator(), 0, hasher);
-      } else {
-        body = log.finish();
-      }
-    } catch (IOException e) {
-      throw new UncheckedIOException("spark_state: cannot encode the changes of " + this, e);
-    }
-    return sendCommit(map, newVersion, body, full, repeatedKeys && !full);
-  }
-
-  /**
-   * A map whose files are in the other format than this provider writes (opaque files and a typed codec, or
-   * typed files and no codec: executors that disagree) changes format by shipping it whole once (the map
-   * already holds the changes).
-   */
-  private boolean isFull(StateMap map) {
-    return (typed != null) == map.opaque;
-  }
-
-  private JsonNode sendCommit(StateMap map, long newVersion, ArrowCodec.Body body, boolean full, boolean repeatedKeys) {
-    ObjectNode h = request("commit");
-    if (full) {
-      h.put("full", true);
-    }
-    if (repeatedKeys) {
-      h.put("repeatedKeys", true);
-    }
-    h.put("version", newVersion);
-    h.put("baseCommitId", map.commitId);
-    h.put("minVersionsToRetain", storeConf.minVersionsToRetain());
-    JsonNode reply = WorkerClient.get().call(h, body, options);
+    StoreClient.Committed reply = client.commit(newVersion, base.commitId, storeConf.minVersionsToRetain(),
+        whole, repeatedKeys, body);
     SparkCompat.reportCommitIfValidating(storeConf, newVersion, stateStoreId, hadoopConf);
-    noteMaintenance(reply);
-    return reply;
-  }
-
-  synchronized void committed(SparkStateStore store, long newVersion, String commitId, long changes) {
-    store.map().version = newVersion;
-    store.map().commitId = commitId;
-    store.map().opaque = typed == null;
-    heldVersion = newVersion;
-    lastChanges = changes;
-    if (open == store) {
-      open = null;
+    noteMaintenance(reply.maintenance);
+    synchronized (this) {
+      if (live == base) {
+        live = base.next(reply.commitId, format.typed());
+      }
+      heldVersion = newVersion;
+      lastChanges = changed;
+      if (open == store) {
+        open = null;
+      }
     }
+    return reply.bytes;
   }
 
-  /** Records the worker's maintenance status of this store; a new failure is logged once. */
-  private void noteMaintenance(JsonNode reply) {
-    long failures = reply.path("maintenanceFailures").asLong(0);
-    String error = reply.path("maintenanceError").asText(null);
-    if (failures > 0 && error != null && !error.equals(maintenanceError)) {
-      LOG.warn("spark_state: maintenance of {} failed ({} run(s) in a row): {}", stateStoreId, failures, error);
-    }
-    maintenanceFailures = failures;
-    maintenanceError = failures > 0 ? error : null;
-  }
-
-  long maintenanceFailures() {
-    return maintenanceFailures;
-  }
-
-  /** The store's map holds uncommitted changes: drop it, the next store reloads its version. */
+  /** The store's rows hold uncommitted changes: drop them, the next store reloads its version. */
   synchronized void aborted(SparkStateStore store, boolean commitSent) {
     store.markAborted();
-    dropIfLive(store.map());
+    dropIfLive(store.base);
     if (open == store) {
       open = null;
     }
     if (commitSent) {
       // The worker may hold part of version+1: tell it to drop it (best effort).
+      long version = store.version() + 1;
       try {
-        ObjectNode h = request("abort");
-        h.put("version", store.version() + 1);
-        WorkerClient.get().call(h, null, options);
+        client.abort(version);
       } catch (RuntimeException e) {
-        LOG.warn("spark_state: abort of version {} of {} failed: {}", store.version() + 1, stateStoreId, e.toString());
+        LOG.warn("spark_state: abort of version {} of {} failed: {}", version, stateStoreId, e.toString());
       }
     }
   }
 
-  /** Forgets the live map if it is {@code map} (dirty: changed by a store that did not commit). */
-  private void dropIfLive(StateMap map) {
-    if (live == map) {
+  /** Forgets the live version if it is {@code version} (its rows were changed by a store that did not commit). */
+  private void dropIfLive(StateVersion version) {
+    if (live == version) {
       live = null;
     }
-  }
-
-  private ObjectNode request(String op) {
-    ObjectNode h = WorkerClient.header(op);
-    h.set("store", storeNode.deepCopy());
-    h.set("options", WorkerClient.optionsNode(options));
-    return h;
   }
 
   // ------------------------------------------------------------------ maintenance, close, metrics
@@ -493,14 +337,11 @@ public class SparkStateProvider implements StateStoreProvider {
   @Override
   public void doMaintenance() {
     long version = heldVersion;
-    if (storeNode == null || version < 1) {
+    if (client == null || version < 1) {
       return;   // nothing loaded or committed here: nothing to retain around
     }
     try {
-      ObjectNode h = request("maintenance");
-      h.put("minVersionsToRetain", storeConf.minVersionsToRetain());
-      h.put("version", version);
-      noteMaintenance(WorkerClient.get().call(h, null, options));
+      noteMaintenance(client.maintenance(version, storeConf.minVersionsToRetain()));
     } catch (RuntimeException e) {
       LOG.warn("spark_state: maintenance of {} failed: {}", stateStoreId, e.toString());
     }
@@ -514,6 +355,26 @@ public class SparkStateProvider implements StateStoreProvider {
     // Snapshots are compacted by the worker in the background; cleanup triggers it.
   }
 
+  /** Records the worker's maintenance status of this store; a new failure is logged once. */
+  private void noteMaintenance(StoreClient.Maintenance status) {
+    StoreClient.Maintenance before = maintenance;
+    if (status.error != null && (before == null || !status.error.equals(before.error))) {
+      LOG.warn("spark_state: maintenance of {} failed ({} run(s) in a row): {}", stateStoreId, status.failures,
+          status.error);
+    }
+    maintenance = status;
+  }
+
+  long maintenanceFailures() {
+    StoreClient.Maintenance m = maintenance;
+    return m == null ? 0 : m.failures;
+  }
+
+  /** Worker restarts this provider's requests made (a store reports those of its batch). */
+  long workerRestarts() {
+    return client.restarts();
+  }
+
   @Override
   public synchronized void close() {
     if (open != null) {
@@ -525,35 +386,7 @@ public class SparkStateProvider implements StateStoreProvider {
 
   @Override
   public scala.collection.immutable.Seq<StateStoreCustomMetric> supportedCustomMetrics() {
-    return CollectionConverters.asScala(Arrays.asList(
-        METRIC_COMMIT_TIME, METRIC_LOAD_TIME, METRIC_BYTES_WRITTEN, METRIC_WORKER_RESTARTS,
-        METRIC_MAINTENANCE_FAILURES)).toList();
-  }
-
-  // ------------------------------------------------------------------ errors
-
-  void checkColumnFamily(String name) {
-    if (name != null && !StateStore.DEFAULT_COL_FAMILY_NAME().equals(name)) {
-      throw columnFamiliesUnsupported("column family '" + name + "'");
-    }
-  }
-
-  UnsupportedOperationException columnFamiliesUnsupported(String what) {
-    return new UnsupportedOperationException("spark_state: " + what + " is not supported by "
-        + this + ": spark_state supports single-value stores in the default column family only "
-        + "(like Spark's HDFSBackedStateStoreProvider). Multiple column families are used by "
-        + "transformWithState / transformWithStateInPandas; run those with "
-        + "spark.sql.streaming.stateStore.providerClass="
-        + "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider.");
-  }
-
-  UnsupportedOperationException multipleValuesUnsupported(String what) {
-    return new UnsupportedOperationException("spark_state: " + what + " (multiple values per key) is not "
-        + "supported by " + this + ": spark_state supports single-value stores in the default column "
-        + "family only (like Spark's HDFSBackedStateStoreProvider). Multiple values per key are used by "
-        + "transformWithState / transformWithStateInPandas (ListState); run those with "
-        + "spark.sql.streaming.stateStore.providerClass="
-        + "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider.");
+    return CollectionConverters.asScala(Metrics.ALL).toList();
   }
 
   @Override

@@ -2,7 +2,6 @@ package io.sparkstate.shim;
 
 import java.io.IOException;
 import java.util.Iterator;
-import java.util.Map;
 
 import org.apache.arrow.vector.FieldVector;
 import org.apache.arrow.vector.IntVector;
@@ -13,6 +12,7 @@ import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
 import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.execution.arrow.ArrowWriter;
+import org.apache.spark.sql.execution.streaming.state.UnsafeRowPair;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
@@ -32,17 +32,13 @@ final class TypedCodec {
   private final StructType rowType;
   private final StructType keySchema;
   private final StructType valueSchema;
-  /**
-   * Rows of flat schemas are written by {@link FlatStructWriter}, others by ArrowWriter. The system
-   * property {@code spark_state.arrowWriterOnly} forces ArrowWriter (tests compare both; benchmarks A/B).
-   */
+  /** Rows of flat schemas are written by {@link FlatStructWriter}, others by ArrowWriter. */
   private final boolean flat;
 
-  private TypedCodec(StructType keySchema, StructType valueSchema) {
+  private TypedCodec(StructType keySchema, StructType valueSchema, boolean allowFlat) {
     this.keySchema = keySchema;
     this.valueSchema = valueSchema;
-    this.flat = !Boolean.getBoolean("spark_state.arrowWriterOnly")
-        && FlatStructWriter.supports(keySchema) && FlatStructWriter.supports(valueSchema);
+    this.flat = allowFlat && FlatStructWriter.supports(keySchema) && FlatStructWriter.supports(valueSchema);
     this.rowType = DataTypes.createStructType(new StructField[] {
         DataTypes.createStructField("kg", DataTypes.IntegerType, true),
         DataTypes.createStructField("hash", DataTypes.IntegerType, true),
@@ -55,10 +51,19 @@ final class TypedCodec {
    * types (the store then keeps opaque row bytes, file format 1).
    */
   static TypedCodec forSchemas(StructType keySchema, StructType valueSchema) {
-    if (Boolean.getBoolean("spark_state.opaqueRows")) {
-      return null;   // benchmarks compare file format 1 in the same run
-    }
-    TypedCodec codec = new TypedCodec(keySchema, valueSchema);
+    return create(keySchema, valueSchema, true);
+  }
+
+  /**
+   * The codec that writes every schema with Spark's ArrowWriter, never {@link FlatStructWriter}: the
+   * reference the flat writer is compared with (tests/jvm/EncoderProbe.java, a benchmark variant).
+   */
+  static TypedCodec arrowWriterOnly(StructType keySchema, StructType valueSchema) {
+    return create(keySchema, valueSchema, false);
+  }
+
+  private static TypedCodec create(StructType keySchema, StructType valueSchema, boolean allowFlat) {
+    TypedCodec codec = new TypedCodec(keySchema, valueSchema, allowFlat);
     try {
       ArrowWriter writer = codec.newWriter();
       writer.root().close();
@@ -77,20 +82,19 @@ final class TypedCodec {
     return flat;
   }
 
-  /** Encodes rows (key to value, null value = delete) as one Arrow stream of typed batches. */
-  ArrowCodec.Body encode(Iterator<Map.Entry<UnsafeRow, UnsafeRow>> rows, int expected, KeyHasher hasher)
-      throws IOException {
+  /** Encodes rows (null value = delete) as one Arrow stream of typed batches. */
+  ArrowCodec.Body encode(Iterator<UnsafeRowPair> rows, long expected, KeyHasher hasher) throws IOException {
     try (Encoder encoder = newEncoder(expected, hasher)) {
       while (rows.hasNext()) {
-        Map.Entry<UnsafeRow, UnsafeRow> e = rows.next();
-        encoder.add(e.getKey(), e.getValue());
+        UnsafeRowPair row = rows.next();
+        encoder.add(row.key(), row.value());
       }
       return encoder.finish();
     }
   }
 
   /** An open stream to append rows to, one at a time ({@code expected}: a guess of the row count). */
-  Encoder newEncoder(int expected, KeyHasher hasher) throws IOException {
+  Encoder newEncoder(long expected, KeyHasher hasher) throws IOException {
     return new Encoder(expected, hasher);
   }
 
@@ -116,9 +120,9 @@ final class TypedCodec {
     private long rows;
     private boolean closed;
 
-    private Encoder(int expected, KeyHasher hasher) throws IOException {
+    private Encoder(long expected, KeyHasher hasher) throws IOException {
       this.hasher = hasher;
-      this.bytes = new ArrowCodec.Body(Math.max(1024, Math.min(expected, 1 << 22) * 48));
+      this.bytes = new ArrowCodec.Body((int) Math.max(1024, Math.min(expected, 1 << 22) * 48));
       this.arrow = newWriter();
       this.root = arrow.root();
       try {
@@ -245,8 +249,8 @@ final class TypedCodec {
     UnsafeRow k = UnsafeProjection.create(key).apply(new GenericInternalRow(new Object[] {1L})).copy();
     UnsafeRow v = UnsafeProjection.create(value).apply(new GenericInternalRow(new Object[] {
         2L, org.apache.spark.unsafe.types.UTF8String.fromString("warm-up"), 0.5})).copy();
-    KeyHasher hasher = new KeyHasher(key, 1, SparkStateProvider.DEFAULT_MAX_PARALLELISM);
-    ArrowCodec.Body body = codec.encode(java.util.Collections.singletonMap(k, v).entrySet().iterator(), 1, hasher);
+    KeyHasher hasher = new KeyHasher(key, 1, Options.DEFAULT_MAX_PARALLELISM);
+    ArrowCodec.Body body = codec.encode(java.util.List.of(new UnsafeRowPair(k, v)).iterator(), 1, hasher);
     java.io.ByteArrayOutputStream bytes = new java.io.ByteArrayOutputStream();
     body.writeTo(bytes);
     ArrowCodec.decodeState(new java.io.ByteArrayInputStream(bytes.toByteArray()), key, value, (a, b) -> { });

@@ -1,0 +1,34 @@
+package io.sparkstate.shim;
+
+import java.io.IOException;
+
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
+
+/**
+ * The changes of one batch (key → new value, null = delete), recorded as they happen and shipped by
+ * commit as one Arrow stream of docs/protocol.md. There is no undo: an aborted batch only closes its
+ * log (the provider drops the map it changed). A delete may name a key that was absent before the
+ * batch (put and removed in it); the worker drops deletes of unknown keys.
+ *
+ * <p>{@link RowFormat#newChangeLog} picks the implementation: {@link ArrowChangeLog} (typed rows,
+ * encoded at each change) or {@link MapChangeLog} (opaque rows, encoded at commit).
+ */
+interface ChangeLog extends AutoCloseable {
+  /** Records that {@code key} now has {@code value} (null: removed). Copies what it keeps. */
+  void add(UnsafeRow key, UnsafeRow value);
+
+  /** Changes recorded so far (a key changed twice may count twice). */
+  long size();
+
+  /** Whether the stream may name a key more than once (the worker then keeps each key's last row). */
+  default boolean mayRepeatKeys() {
+    return false;
+  }
+
+  /** The changes as one Arrow stream; the log is closed. */
+  ArrowCodec.Body finish() throws IOException;
+
+  /** Frees what the log holds without encoding it; idempotent. Only on the thread that adds. */
+  @Override
+  void close();
+}

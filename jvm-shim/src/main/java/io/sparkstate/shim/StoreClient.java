@@ -1,0 +1,177 @@
+package io.sparkstate.shim;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.JsonNodeFactory;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+
+import java.io.IOException;
+import java.io.InputStream;
+import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.atomic.LongAdder;
+
+import org.apache.spark.sql.execution.streaming.state.StateStoreId;
+
+/**
+ * The worker's operations on one store as typed calls, one method per {@code op_*} of the Python
+ * {@code Dispatcher} the shim uses (spark_state/worker/server.py; docs/protocol.md, "Requests"):
+ * every request's op and field names are written here and nowhere else ({@code hello} opens a
+ * {@link WorkerConnection}; the shim sends no {@code latest} or {@code shutdown}). Connections,
+ * retries and worker restarts are the {@link WorkerClient}'s. Thread-safe.
+ */
+final class StoreClient {
+  static final String OP_VALIDATE = "validate";
+  static final String OP_LOAD = "load";
+  static final String OP_COMMIT = "commit";
+  static final String OP_ABORT = "abort";
+  static final String OP_MAINTENANCE = "maintenance";
+
+  private static final JsonNodeFactory NODES = JsonNodeFactory.instance;
+  /** Option sets the worker validated in this JVM (validate once per distinct set). */
+  private static final Set<Options> VALIDATED = ConcurrentHashMap.newKeySet();
+
+  /** Reads a {@code load} reply's state stream while the connection is held; runs again on a retry. */
+  interface Loader<T> {
+    T read(long rows, String commitId, InputStream state) throws IOException;
+  }
+
+  /** The worker's maintenance status of a store: consecutive failed runs and the last error (null: none). */
+  static final class Maintenance {
+    final long failures;
+    final String error;
+
+    Maintenance(JsonNode reply) {
+      this.failures = reply.path("maintenanceFailures").asLong(0);
+      this.error = failures > 0 ? reply.path("maintenanceError").asText(null) : null;
+    }
+  }
+
+  /** A {@code commit} reply: bytes written to storage, the new version's commit id, maintenance status. */
+  static final class Committed {
+    final long bytes;
+    final String commitId;
+    final Maintenance maintenance;
+
+    Committed(JsonNode reply) {
+      this.bytes = reply.path("bytes").asLong(0);
+      this.commitId = reply.path("commitId").asText(null);
+      this.maintenance = new Maintenance(reply);
+    }
+  }
+
+  private final WorkerClient worker;
+  private final Options options;
+  private final ObjectNode optionsNode;
+  private final LongAdder restarts = new LongAdder();
+  /** The store's identity as requests send it; replaced whole (never mutated), so requests need no lock. */
+  private volatile ObjectNode store;
+
+  StoreClient(WorkerClient worker, StateStoreId id, Options options) {
+    this.worker = worker;
+    this.options = options;
+    this.optionsNode = optionsNode(options);
+    ObjectNode store = NODES.objectNode();
+    store.put("sparkRoot", id.checkpointRootLocation());
+    store.put("location", id.storeCheckpointLocation().toUri().toString());
+    store.put("operator", id.operatorId());
+    store.put("partition", id.partitionId());
+    store.put("name", id.storeName());
+    this.store = store;
+  }
+
+  /** {@code validate}: the worker checks an option set (once per distinct set in this JVM). */
+  static void validate(WorkerClient worker, Options options) {
+    if (VALIDATED.contains(options)) {
+      return;
+    }
+    ObjectNode h = NODES.objectNode();
+    h.put("op", OP_VALIDATE);
+    h.set("options", optionsNode(options));
+    worker.call(h, null, null, options, null);
+    VALIDATED.add(options);
+  }
+
+  /** Names the running query in the store's identity (without it the worker reads the checkpoint's metadata). */
+  void useQueryId(String queryId) {
+    if (queryId != null && !queryId.equals(store.path("queryId").asText(null))) {
+      ObjectNode node = store.deepCopy();
+      node.put("queryId", queryId);
+      store = node;
+    }
+  }
+
+  /** Worker restarts this store's requests made. */
+  long restarts() {
+    return restarts.sum();
+  }
+
+  /**
+   * {@code load}: the rows of {@code version}, read by {@code loader}; or null when {@code knownCommitId}
+   * is what storage still holds for it (the caller's copy is current).
+   */
+  <T> T load(long version, String knownCommitId, Loader<T> loader) {
+    ObjectNode h = request(OP_LOAD);
+    h.put("version", version);
+    if (knownCommitId != null) {
+      h.put("commitId", knownCommitId);
+    }
+    return send(h, null, (reply, body) -> reply.path("unchanged").asBoolean(false) ? null
+        : loader.read(reply.path("rows").asLong(0), reply.path("commitId").asText(null), body));
+  }
+
+  /**
+   * {@code commit}: makes {@code version} durable, built on {@code baseCommitId} (storage's commit of
+   * version-1, null for version 1; the worker refuses a stale one). {@code whole}: the body is the
+   * whole state, not changes; {@code repeatedKeys}: the changes may name a key more than once.
+   */
+  Committed commit(long version, String baseCommitId, int minVersionsToRetain, boolean whole, boolean repeatedKeys,
+      ArrowCodec.Body body) {
+    ObjectNode h = request(OP_COMMIT);
+    if (whole) {
+      h.put("full", true);
+    }
+    if (repeatedKeys) {
+      h.put("repeatedKeys", true);
+    }
+    h.put("version", version);
+    h.put("baseCommitId", baseCommitId);
+    h.put("minVersionsToRetain", minVersionsToRetain);
+    return new Committed(send(h, body, null));
+  }
+
+  /** {@code abort}: the worker drops what it may hold of an uncommitted {@code version}. */
+  void abort(long version) {
+    ObjectNode h = request(OP_ABORT);
+    h.put("version", version);
+    send(h, null, null);
+  }
+
+  /** {@code maintenance}: queues compaction and retention around {@code version} (the one this JVM holds). */
+  Maintenance maintenance(long version, int minVersionsToRetain) {
+    ObjectNode h = request(OP_MAINTENANCE);
+    h.put("minVersionsToRetain", minVersionsToRetain);
+    h.put("version", version);
+    return new Maintenance(send(h, null, null));
+  }
+
+  private ObjectNode request(String op) {
+    ObjectNode h = NODES.objectNode();
+    h.put("op", op);
+    h.set("store", store);
+    h.set("options", optionsNode);
+    return h;
+  }
+
+  private <T> T send(ObjectNode header, ArrowCodec.Body body, WorkerConnection.BodyReader<T> reader) {
+    return worker.call(header, body, reader, options, restarts);
+  }
+
+  private static ObjectNode optionsNode(Options options) {
+    ObjectNode o = NODES.objectNode();
+    for (Map.Entry<String, String> e : options.asMap().entrySet()) {
+      o.put(e.getKey(), e.getValue());
+    }
+    return o;
+  }
+}
