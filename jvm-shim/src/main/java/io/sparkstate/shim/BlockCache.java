@@ -14,30 +14,41 @@ import java.util.concurrent.atomic.AtomicReferenceArray;
  * byte array the GC keeps alive, never into memory that is reused.
  */
 final class BlockCache {
-  /** Heap a cached block costs beyond its bytes: the entry and the array's header. */
-  static final int ENTRY_OVERHEAD = 64;
+  /** Heap a cached block costs beyond its arrays' contents: the entry and the arrays' headers. */
+  static final int ENTRY_OVERHEAD = 80;
 
-  /** One cached block: what its image's slot holds, and a link in the clock ring. */
+  /**
+   * One block, decompressed and checked: what its image's slot holds, and a link in the clock ring.
+   * {@code restarts} are the offsets of every {@link RowImage#RESTART_INTERVAL}-th record, so a lookup
+   * binary-searches the block instead of scanning it from the start.
+   */
   static final class Entry {
     final RowImage image;
     final int block;
     final byte[] bytes;
+    final int[] restarts;
     /** Used since the hand last passed it. */
     volatile boolean referenced;
     /** The ring, guarded by the cache. */
     Entry prev;
     Entry next;
 
-    Entry(RowImage image, int block, byte[] bytes) {
+    Entry(RowImage image, int block, byte[] bytes, int[] restarts) {
       this.image = image;
       this.block = block;
       this.bytes = bytes;
+      this.restarts = restarts;
+    }
+
+    long cost() {
+      return bytes.length + 4L * restarts.length + ENTRY_OVERHEAD;
     }
   }
 
   private long capacity;
   private long used;
   private int blocks;
+  private long loads;
   /** The next block the clock looks at (null: nothing cached); new blocks go just behind it. */
   private Entry hand;
 
@@ -67,34 +78,36 @@ final class BlockCache {
     return blocks;
   }
 
-  /** The block's bytes if cached (marking it used), else null. */
-  static byte[] lookup(AtomicReferenceArray<Entry> slots, int block) {
+  /** Blocks lookups read from their files (cache misses) since the cache was created. */
+  synchronized long loads() {
+    return loads;
+  }
+
+  /** The block if cached (marking it used), else null. */
+  static Entry lookup(AtomicReferenceArray<Entry> slots, int block) {
     Entry e = slots.get(block);
-    if (e == null) {
-      return null;
-    }
-    if (!e.referenced) {
+    if (e != null && !e.referenced) {
       e.referenced = true;
     }
-    return e.bytes;
+    return e;
   }
 
   /**
-   * Caches a block just read and returns the bytes to use: those of another thread that cached the
-   * same block first, else {@code bytes} (also when the block is larger than the whole cache or its
-   * image is closed, which are then not cached).
+   * Caches a block just read and returns the one to use: that of another thread that cached the same
+   * block first, else {@code e} (also when it is larger than the whole cache or its image is closed,
+   * and then not cached).
    */
-  synchronized byte[] insert(RowImage image, int block, byte[] bytes) {
-    Entry e = image.slots.get(block);
-    if (e != null) {
-      return e.bytes;
+  synchronized Entry insert(Entry e) {
+    loads++;
+    Entry cached = e.image.slots.get(e.block);
+    if (cached != null) {
+      return cached;
     }
-    long cost = cost(bytes);
-    if (cost > capacity || image.isClosed()) {
-      return bytes;
+    long cost = e.cost();
+    if (cost > capacity || e.image.isClosed()) {
+      return e;
     }
     evictTo(capacity - cost);
-    e = new Entry(image, block, bytes);
     if (hand == null) {
       e.prev = e;
       e.next = e;
@@ -105,10 +118,10 @@ final class BlockCache {
       hand.prev.next = e;
       hand.prev = e;
     }
-    image.slots.set(block, e);
+    e.image.slots.set(e.block, e);
     used += cost;
     blocks++;
-    return bytes;
+    return e;
   }
 
   /** Drops every block of an image (it is closing: {@link #insert} caches nothing more of it). */
@@ -120,10 +133,6 @@ final class BlockCache {
         remove(e);
       }
     }
-  }
-
-  private static long cost(byte[] bytes) {
-    return (long) bytes.length + ENTRY_OVERHEAD;
   }
 
   private void evictTo(long limit) {
@@ -151,7 +160,7 @@ final class BlockCache {
     }
     e.prev = null;
     e.next = null;
-    used -= cost(e.bytes);
+    used -= e.cost();
     blocks--;
   }
 }

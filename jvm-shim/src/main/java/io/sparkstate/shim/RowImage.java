@@ -45,6 +45,8 @@ final class RowImage implements Closeable {
   static final int FLAG_TOMBSTONES = 1;
   /** Largest stored or raw block (a Java array, less a margin). */
   static final long MAX_BLOCK = Integer.MAX_VALUE - 16;
+  /** A lookup scans at most this many records of a block after a binary search of its restarts. */
+  static final int RESTART_INTERVAL = 8;
 
   /** {@link #get}'s answer for a key this image holds as deleted: compare by identity, never hand it to Spark. */
   static final UnsafeRow DELETED = new UnsafeRow(0);
@@ -235,9 +237,10 @@ final class RowImage implements Closeable {
     Object keyBase = key.getBaseObject();
     long keyOffset = key.getBaseOffset();
     for (int b = firstBlockEndingAtOrAfter(s); b < blockCount && firstKey[b] <= s; b++) {
-      byte[] bytes = block(b);
-      long at = Platform.BYTE_ARRAY_OFFSET;
-      long end = at + rawLength[b];
+      BlockCache.Entry block = block(b);
+      byte[] bytes = block.bytes;
+      long at = Platform.BYTE_ARRAY_OFFSET + lastRestartBefore(bytes, block.restarts, s);
+      long end = Platform.BYTE_ARRAY_OFFSET + rawLength[b];
       while (at < end) {
         long k = sortKey(Platform.getInt(bytes, at), Platform.getInt(bytes, at + 4));
         if (k > s) {
@@ -285,7 +288,7 @@ final class RowImage implements Closeable {
         }
         block++;
         BlockCache.Entry cached = slots.get(block);
-        bytes = cached != null ? cached.bytes : load(block);
+        bytes = (cached != null ? cached : load(block)).bytes;
         next = Platform.BYTE_ARRAY_OFFSET;
         end = next + rawLength[block];
       }
@@ -356,13 +359,29 @@ final class RowImage implements Closeable {
     return lo;
   }
 
-  private byte[] block(int b) {
-    byte[] bytes = BlockCache.lookup(slots, b);
-    return bytes != null ? bytes : cache.insert(this, b, load(b));
+  /** The offset of the last restart whose record sorts before s (0 if none does). */
+  private static int lastRestartBefore(byte[] bytes, int[] restarts, long s) {
+    int lo = 0;
+    int hi = restarts.length - 1;
+    while (lo < hi) {
+      int mid = (lo + hi + 1) >>> 1;
+      long at = Platform.BYTE_ARRAY_OFFSET + restarts[mid];
+      if (sortKey(Platform.getInt(bytes, at), Platform.getInt(bytes, at + 4)) < s) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    return restarts[lo];
+  }
+
+  private BlockCache.Entry block(int b) {
+    BlockCache.Entry e = BlockCache.lookup(slots, b);
+    return e != null ? e : cache.insert(load(b));
   }
 
   /** Reads, verifies and decompresses a block into a new array, and checks its records. */
-  private byte[] load(int b) {
+  private BlockCache.Entry load(int b) {
     if (closed) {
       throw new IllegalStateException("spark_state: the row image " + path + " is closed");
     }
@@ -377,8 +396,7 @@ final class RowImage implements Closeable {
       throw RowImageException.corrupt(path, b, blockCount, "CRC-32 mismatch (ChecksumMismatch)");
     }
     byte[] raw = codec == CODEC_RAW ? src : decompress(b, src);
-    checkRecords(b, raw);
-    return raw;
+    return new BlockCache.Entry(this, b, raw, checkRecords(b, raw));
   }
 
   private byte[] decompress(int b, byte[] src) {
@@ -398,13 +416,20 @@ final class RowImage implements Closeable {
     return raw;
   }
 
-  /** Checks that the records tile the block exactly, in order, within the block's sort-key range. */
-  private void checkRecords(int b, byte[] bytes) {
+  /**
+   * Checks that the records tile the block exactly, in order, within the block's sort-key range;
+   * returns the block's restarts (the offsets of records 0, R, 2R, ...).
+   */
+  private int[] checkRecords(int b, byte[] bytes) {
     long at = Platform.BYTE_ARRAY_OFFSET;
     long end = at + bytes.length;
     long previous = firstKey[b];
     int n = 0;
+    int[] restarts = new int[(blockRecords[b] + RESTART_INTERVAL - 1) / RESTART_INTERVAL];
     while (at < end) {
+      if (n % RESTART_INTERVAL == 0 && n / RESTART_INTERVAL < restarts.length) {
+        restarts[n / RESTART_INTERVAL] = (int) (at - Platform.BYTE_ARRAY_OFFSET);
+      }
       String bad = null;
       long k = 0;
       if (end - at < RECORD_HEADER) {
@@ -434,6 +459,7 @@ final class RowImage implements Closeable {
       throw RowImageException.corrupt(path, b, blockCount, n + " records ending at sort key " + previous
           + ", the index says " + blockRecords[b] + " ending at " + lastKey[b]);
     }
+    return restarts;
   }
 
   private byte[] readAt(long position, int length) throws IOException {
