@@ -2,6 +2,7 @@
 #   make demo   installs everything and runs the main job (stop + restart from checkpoint)
 #   make test   installs everything, runs the test suite (local[2]), the two-executor cluster tests,
 #               then the compat matrix (CI: .ci/run)
+#   make test-fast  the tests that need neither Spark nor a JVM (tests/unit, chain, worker; ~2 min)
 #   make wheel  builds dist/spark_state-*.whl (with the JVM shim jar inside)
 #   make test-compat  the compat matrix alone: the wheel beside pyspark 4.0, 4.1 and 4.2 (~3 min
 #               with pip's cache warm); make test COMPAT=0 skips it
@@ -10,7 +11,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-cluster install shim bench bench-quick bench-rescale bench-typed clean wheel test-compat
+.PHONY: demo test test-fast test-cluster install shim bench bench-quick bench-rescale bench-typed clean wheel test-compat
 
 demo: install
 	$(PY) -m spark_state.demo
@@ -23,6 +24,10 @@ test: install
 ifneq ($(COMPAT),0)
 	$(PY) -m tests.compat.run $(COMPAT_ARGS)
 endif
+
+# No SparkSession, no JVM: the markers come from tests/conftest.py (tests/spark, packaging, jvm, cluster).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not spark and not jvm" $(PYTEST_ARGS)
 
 # The end-to-end tests on two executors (a standalone master + two workers), in a pytest process of their own.
 test-cluster: install

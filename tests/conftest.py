@@ -1,4 +1,14 @@
-"""Shared fixtures: one SparkSession for the whole run, the provider under test, slow tests.
+"""Shared fixtures: one SparkSession for the whole run, the provider under test, slow tests; the markers
+that say what a test needs.
+
+Layout (helpers live in tests/support, never in a test module):
+  tests/unit, tests/chain, tests/worker   no SparkSession, no JVM (``make test-fast``; unit + chain take 20-30 s)
+  tests/jvm                               a JDK only (probes of the shim's classes): marked ``jvm``
+  tests/spark, tests/packaging            a SparkSession (or a Spark application in a child): marked ``spark``
+  tests/cluster                           two executors, in a pytest process of its own (``make test-cluster``)
+
+A test elsewhere that asks for a SparkSession fixture is marked ``spark`` too; one in the fast directories
+is refused at collection (move it to tests/spark), so ``-m "not spark and not jvm"`` never starts Spark.
 
 Options:
   --run-slow                     also run tests marked ``slow``
@@ -10,19 +20,23 @@ Options:
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-LOG4J = ROOT / "conf" / "log4j2.properties"
+from tests.support import s3_server
 
-# The loopback S3 endpoint's address must be in the environment before the
+# The loopback S3 endpoint's address (no server yet: tests start it) must be in the environment before the
 # Spark JVM starts: the JVM passes it on to the spark_state worker it starts.
-from tests import s3_server  # noqa: E402
-
 os.environ.update(s3_server.endpoint_env())
+
+TESTS = Path(__file__).parent
+#: What the tests of each directory need, by marker.
+NEEDS = {"spark": "spark", "packaging": "spark", "cluster": "spark", "jvm": "jvm"}
+#: Directories whose tests run without Spark or a JVM.
+FAST = ("unit", "chain", "worker")
+#: Fixtures that start (or are) a SparkSession.
+SPARK_FIXTURES = {"spark", "make_twin", "scenario_run", "finished", "cluster"}
 
 
 def pytest_addoption(parser):
@@ -35,7 +49,7 @@ def pytest_addoption(parser):
 def pytest_ignore_collect(collection_path, config):
     """tests/cluster runs in a pytest process of its own (``pytest tests/cluster``): it needs its own
     SparkSession (local-cluster), and a Python process holds one SparkContext."""
-    cluster = Path(__file__).parent / "cluster"
+    cluster = TESTS / "cluster"
     if collection_path == cluster:
         asked = [Path(str(a).split("::")[0]).resolve() for a in config.args]
         return not any(a == cluster or cluster in a.parents for a in asked)
@@ -43,6 +57,8 @@ def pytest_ignore_collect(collection_path, config):
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        _mark_needs(item)
     if config.getoption("--run-slow"):
         return
     skip = pytest.mark.skip(reason="slow: run with --run-slow")
@@ -51,37 +67,38 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def _mark_needs(item) -> None:
+    """Marks ``spark`` / ``jvm`` from the test's directory and fixtures; refuses either in a fast directory."""
+    path = Path(item.path)
+    top = path.relative_to(TESTS).parts[0] if TESTS in path.parents else ""
+    need = NEEDS.get(top)
+    if need is None and SPARK_FIXTURES & set(getattr(item, "fixturenames", ())):
+        need = "spark"
+    if need is not None:
+        item.add_marker(need)
+    if top in FAST and (need or item.get_closest_marker("spark") or item.get_closest_marker("jvm")):
+        raise pytest.UsageError(f"{item.nodeid} needs Spark or a JVM, but tests/{top} runs without them: "
+                                f"move it to tests/spark or tests/jvm")
+
+
+def pytest_runtest_setup(item):
+    """``spark_state_only``: the test checks spark_state's own tools (there is nothing to compare on HDFS)."""
+    only = item.get_closest_marker("spark_state_only")
+    if only is not None and item.config.getoption("--tested-provider") != "spark_state":
+        pytest.skip(only.args[0] if only.args else "checks spark_state itself")
+
+
 @pytest.fixture(scope="session")
 def tested(pytestconfig) -> str:
     """The provider under test: "spark_state" (default) or "hdfs" (harness check)."""
     return pytestconfig.getoption("--tested-provider")
 
 
-def spark_builder(app_name: str = "spark_state tests"):
-    """The builder the tests (and their child processes) use: small, quiet, deterministic."""
-    from pyspark.sql import SparkSession
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    # Python workers import the UDFs from the test modules by name.
-    paths = [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    return (
-        SparkSession.builder.master("local[2]").appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.streaming.stateStore.maintenanceInterval", "2s")
-        .config("spark.driver.memory", "1g")
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J}")
-        .config("spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J}")
-    )
-
-
 @pytest.fixture(scope="session")
 def spark(tested):
     """One SparkSession (local[2], 2 shuffle partitions) for every end-to-end test."""
+    from tests.support.spark import spark_builder
+
     builder = spark_builder()
     if tested == "spark_state":
         import spark_state
@@ -96,7 +113,7 @@ def spark(tested):
 @pytest.fixture
 def make_twin(spark, tested, tmp_path):
     """make_twin(build, mode=..., options=..., conf=...) -> streaming.Twin in this test's tmp dir."""
-    from tests.streaming import Twin
+    from tests.support.spark import Twin
 
     count = 0
 
@@ -114,7 +131,7 @@ def scenario_run(spark, tested, tmp_path_factory):
 
     Spark's refusal of a query is cached too and raised again on every call.
     """
-    from tests.scenarios import SCENARIOS, run_scenario
+    from tests.support.scenarios import SCENARIOS, run_scenario
 
     cache: dict = {}
 
@@ -132,9 +149,22 @@ def scenario_run(spark, tested, tmp_path_factory):
     return get
 
 
+@pytest.fixture
+def s3_bucket(tested) -> str:
+    """A new bucket on the loopback S3 endpoint, for a query whose checkpointRoot is on S3 (spark_state's option)."""
+    if tested != "spark_state":
+        pytest.skip("spark_state's checkpointRoot")
+    import uuid
+
+    s3_server.start()
+    name = f"ckpt-{uuid.uuid4().hex[:8]}"
+    s3_server.make_bucket(name)
+    return name
+
+
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory):
-    """spark_state's wheel, built once per run from a clean copy of the source tree (tests/wheel_env.py)."""
-    from tests import wheel_env
+    """spark_state's wheel, built once per run from a clean copy of the source tree (tests/support/wheel_env.py)."""
+    from tests.support import wheel_env
 
     return wheel_env.build_wheel(tmp_path_factory.mktemp("wheel"))

@@ -19,8 +19,7 @@ def main(argv: list[str]) -> int:
     config = json.loads(argv[1])
     import spark_state
     from tests.cluster.running_totals import RunningTotals
-    from tests.conftest import spark_builder
-    from tests.streaming import QueryFailed
+    from tests.support.spark import QueryFailed, spark_builder
 
     builder = spark_builder("spark_state cluster tests: second application")
     builder = builder.config("spark.sql.streaming.stateStore.maintenanceInterval", "1s")
@@ -41,7 +40,7 @@ def main(argv: list[str]) -> int:
 
 def run_child(config: dict, log: Path, timeout: float = 240) -> dict:
     """Runs the child application to its end; returns its result (stderr goes to ``log``)."""
-    from tests.conftest import ROOT
+    from tests.support.paths import ROOT
 
     with open(log, "w") as err:
         try:

@@ -36,71 +36,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
-
-LOG4J = Path(__file__).with_name("log4j2.properties")
-KIND = os.environ.get("SPARK_STATE_CLUSTER", "standalone")
-if KIND not in ("standalone", "local-cluster"):
-    raise ValueError(f"SPARK_STATE_CLUSTER={KIND!r}: use standalone or local-cluster")
-
-#: Seconds a task may run before Spark starts a speculative copy on another executor.
-SPECULATION_AFTER_S = 3
-
-
-def private_spark_home(where: Path) -> Path:
-    """A SPARK_HOME that mirrors the pip pyspark package but has its own ``work/`` directory.
-
-    local-cluster's workers write executor logs to ``$SPARK_HOME/work``; this
-    keeps them out of the shared virtualenv.
-    """
-    import pyspark
-
-    package = Path(pyspark.__file__).parent
-    home = where / "spark-home"
-    home.mkdir(parents=True, exist_ok=True)
-    for entry in package.iterdir():
-        link = home / entry.name
-        if entry.name != "work" and not link.exists():
-            link.symlink_to(entry)
-    return home
-
-
-def session_conf(fault_dir: Path, pythonpath: str) -> dict[str, str]:
-    java_opts = f"-Dlog4j2.configurationFile=file:{LOG4J}"
-    return {
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.driver.memory": "1g",
-        "spark.executor.memory": "1g",
-        "spark.driver.extraJavaOptions": java_opts,
-        "spark.executor.extraJavaOptions": java_opts,
-        "spark.executorEnv.PYTHONPATH": pythonpath,
-        "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
-        "spark.executorEnv.SPARK_STATE_FAULT_DIR": str(fault_dir),
-        "spark.pyspark.python": sys.executable,
-        "spark.sql.shuffle.partitions": "2",
-        "spark.sql.session.timeZone": "UTC",
-        "spark.sql.streaming.stateStore.maintenanceInterval": "1s",
-        # tasks go wherever a core is free
-        "spark.locality.wait": "0",
-        "spark.task.maxFailures": "4",
-        # a failed task attempt is retried on another executor (the state moves with it)
-        "spark.excludeOnFailure.enabled": "true",
-        "spark.excludeOnFailure.task.maxTaskAttemptsPerExecutor": "1",
-        "spark.excludeOnFailure.task.maxTaskAttemptsPerNode": "3",
-        "spark.excludeOnFailure.stage.maxFailedTasksPerExecutor": "100",
-        "spark.excludeOnFailure.stage.maxFailedExecutorsPerNode": "100",
-        "spark.excludeOnFailure.application.maxFailedTasksPerExecutor": "100",
-        "spark.excludeOnFailure.application.maxFailedExecutorsPerNode": "100",
-        "spark.scheduler.excludeOnFailure.unschedulableTaskSetTimeout": "5s",
-        # a task stuck (in a commit, in a UDF) gets a speculative copy on the other executor
-        "spark.speculation": "true",
-        "spark.speculation.interval": "200ms",
-        "spark.speculation.quantile": "0.5",
-        "spark.speculation.multiplier": "2",
-        "spark.speculation.minTaskRuntime": f"{SPECULATION_AFTER_S}s",
-        "spark.speculation.efficiency.enabled": "false",
-    }
+from tests.cluster.session import KIND, LOG4J, private_spark_home, session_conf
+from tests.support.paths import pythonpath_with_root
 
 
 @pytest.fixture(scope="session")
@@ -128,8 +65,7 @@ def cluster(cluster_dir, faults):
     started = time.monotonic()
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    pythonpath = os.pathsep.join(dict.fromkeys(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    pythonpath = pythonpath_with_root()
     os.environ["PYTHONPATH"] = pythonpath
     standalone = None
     if KIND == "standalone":

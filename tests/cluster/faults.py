@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.streaming import wait_until
+from tests.support.waiting import wait_until
 
 #: The points of the contract.
 POINTS = ("commit-after-data", "commit-after-manifest", "compaction-after-snapshot")

@@ -11,25 +11,15 @@ machine are left alone.
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
-from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from tests.streaming import _cmdline, _ppid, alive, driver_jvm_pid, wait_until
+from tests.support.processes import alive, children, cmdline, driver_jvm_pid, ppid
+from tests.support.waiting import wait_until
 
 EXECUTOR_MAIN = "CoarseGrainedExecutorBackend"
-
-
-def _children(parent: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and _ppid(int(entry.name)) == parent:
-            out.append(int(entry.name))
-    return sorted(out)
 
 
 #: The processes whose children are the executors (set by the cluster fixture).
@@ -43,7 +33,7 @@ def set_executor_parents(pids: list[int]) -> None:
 def executor_jvms(spark: SparkSession) -> list[int]:
     """Live executor JVMs of this application."""
     parents = _EXECUTOR_PARENTS or [driver_jvm_pid(spark)]
-    return [p for parent in parents for p in _children(parent) if EXECUTOR_MAIN in _cmdline(p) and alive(p)]
+    return [p for parent in parents for p in children(parent) if EXECUTOR_MAIN in cmdline(p) and alive(p)]
 
 
 def registered_executors(spark: SparkSession) -> int:
@@ -64,17 +54,11 @@ def executor_of(pid: int) -> int | None:
     """The executor JVM ``pid`` runs under (itself, a parent, a grandparent ...), or None."""
     seen = 0
     while pid and pid > 1 and seen < 8:
-        if EXECUTOR_MAIN in _cmdline(pid):
+        if EXECUTOR_MAIN in cmdline(pid):
             return pid
-        pid = _ppid(pid) or 0
+        pid = ppid(pid) or 0
         seen += 1
     return None
-
-
-def sigkill(pid: int, what: str, timeout: float = 15) -> None:
-    """SIGKILLs ``pid`` and waits until it is gone (reaped or a zombie)."""
-    os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: not alive(pid), timeout, f"{what} (pid {pid}) still alive {timeout}s after SIGKILL")
 
 
 class Beside:

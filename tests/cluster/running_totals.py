@@ -20,11 +20,12 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from pyspark.sql import DataFrame, SparkSession
 
-from tests.streaming import JsonStream, Query, QueryFailed, sort_rows
+from tests.cluster.processes import Beside
+from tests.support.spark import JsonStream, Query, QueryFailed, sort_rows
 
 SCHEMA = "k string, v long"
 OUTPUT_SCHEMA = "k string, total long, n long"
@@ -152,7 +153,7 @@ class RunningTotals:
 
     ``add(n)`` writes ``n`` input files (one micro-batch each); ``run()`` runs the
     query over all available input and stops it (a restart from the checkpoint
-    each time, see tests.streaming.Query).
+    each time, see tests.support.spark.Query).
     """
 
     def __init__(self, spark: SparkSession, workdir: Path, *, seed: int, checkpoint: Path | None = None,
@@ -203,6 +204,18 @@ class RunningTotals:
             return self.query.run()
         except QueryFailed as err:
             raise QueryFailed(brief(err.message)) from None
+
+    def run_beside(self, batches: int, on_batch: Callable[[int], None], action: Callable):
+        """Adds ``batches`` files and runs them, calling ``on_batch(batch)`` in the driver after each batch, while
+        ``action(done)`` runs in a thread (processes.Beside); returns what the action returned."""
+        self.query.on_batch = on_batch
+        self.add(batches)
+        beside = Beside(action)
+        try:
+            self.run()
+        finally:
+            result = beside.join()
+        return result
 
     # ---------------------------------------------------------------- oracle
 

@@ -21,7 +21,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-from tests.streaming import wait_until
+from tests.support.waiting import wait_until
 
 HOSTS = ("127.0.0.1", "127.0.0.2")
 MASTER_HOST = HOSTS[0]

@@ -9,39 +9,34 @@ from __future__ import annotations
 from pathlib import Path
 
 from spark_state.errors import SparkStateError, VersionNotFound
-from spark_state.manifest import Manifest
-from tests.streaming import open_stored, store_root, wait_until
+from spark_state.manifest import CompactionRecord, Manifest
+from tests.support.stores import open_stored, store_root
+from tests.support.waiting import wait_until
 
 #: Number of shuffle partitions of the cluster session (conftest).
 PARTITIONS = 2
 
 
+def _present(store: Path, name: str, parse) -> dict:
+    """version -> parse(``chk-N/<name>``) for the files present now (one deleted meanwhile is skipped)."""
+    out = {}
+    for path in sorted(store.glob(f"chk-*/{name}")):
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            continue
+        out[int(path.parent.name[4:])] = parse(data, str(path))
+    return out
+
+
 def manifests(store: Path) -> dict[int, Manifest]:
-    """version -> manifest, for the manifests present now (one deleted meanwhile is skipped)."""
-    out = {}
-    for path in sorted(store.glob("chk-*/_metadata")):
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            continue
-        out[int(path.parent.name[4:])] = Manifest.from_json(data, str(path))
-    return out
+    """version -> manifest, for the manifests present now."""
+    return _present(store, "_metadata", Manifest.from_json)
 
 
-def records(store: Path) -> dict[int, object]:
-    """version -> compaction record (``chk-N/_snapshot``, issue 9's format) present now; none before it."""
-    try:
-        from spark_state.manifest import CompactionRecord
-    except ImportError:   # code before compaction records: compaction rewrote the manifest
-        return {}
-    out = {}
-    for path in sorted(store.glob("chk-*/_snapshot")):
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            continue
-        out[int(path.parent.name[4:])] = CompactionRecord.from_json(data, str(path))
-    return out
+def records(store: Path) -> dict[int, CompactionRecord]:
+    """version -> compaction record (``chk-N/_snapshot``) present now."""
+    return _present(store, "_snapshot", CompactionRecord.from_json)
 
 
 def data_files(store: Path) -> set[str]:
@@ -98,7 +93,7 @@ def stored_totals(spark, checkpoint: Path, batch: int | None = None, **options) 
 
     ``options`` are the query's spark_state options (a ``checkpoint_root`` must be given again).
     """
-    from tests.streaming import provider_conf, sql_conf
+    from tests.support.spark import provider_conf, sql_conf
 
     reader = spark.read.format("statestore")
     if batch is not None:

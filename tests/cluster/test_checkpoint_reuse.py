@@ -14,7 +14,7 @@ import pytest
 from tests.cluster.child_app import run_child
 from tests.cluster.running_totals import RunningTotals
 from tests.cluster.stores import check_versions_load, stored_totals
-from tests.streaming import rm_rf, sort_rows
+from tests.support.spark import rm_rf, sort_rows
 
 
 def _timelines(cluster, tmp_path, options, first_batches=5, second_fails=(1,)):

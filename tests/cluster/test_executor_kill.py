@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.cluster.processes import Beside, executor_jvms, executor_of, sigkill, wait_or_stop
+from tests.cluster.processes import executor_jvms, executor_of, wait_or_stop
 from tests.cluster.running_totals import RunningTotals
 from tests.cluster.stores import (assert_maintained, check_versions_load, stored_totals, unreferenced_now,
                                   wait_collected)
+from tests.support.processes import sigkill
 
 BATCHES = 8
 TROUBLE_BATCH = 3
@@ -40,13 +41,7 @@ def _run_and_kill(cluster, q: RunningTotals, arm, find_victim, after_batch=None)
         sigkill(victim, "executor JVM")
         return victim
 
-    q.query.on_batch = on_batch
-    q.add(BATCHES)
-    beside = Beside(killer)
-    try:
-        q.run()
-    finally:
-        victim = beside.join()
+    victim = q.run_beside(BATCHES, on_batch, killer)
     assert victim is not None, "nothing was killed; the test proved nothing"
     return victim
 

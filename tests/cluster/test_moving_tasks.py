@@ -13,7 +13,8 @@ import time
 from tests.cluster.running_totals import RunningTotals
 from tests.cluster.stores import (PARTITIONS, assert_maintained, check_versions_load, files_of_version,
                                   stored_totals, unreferenced)
-from tests.streaming import QueryFailed, store_root
+from tests.support.spark import QueryFailed
+from tests.support.stores import store_root
 
 
 def test_task_failing_after_its_commit_is_retried_on_the_other_executor_every_batch(cluster, tmp_path):

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from tests.cluster.conftest import SPECULATION_AFTER_S
 from tests.cluster.running_totals import RunningTotals
+from tests.cluster.session import SPECULATION_AFTER_S
 from tests.cluster.stores import assert_maintained, check_versions_load, stored_totals
 
 BATCHES = 9

@@ -13,11 +13,12 @@ import zlib
 
 import pytest
 
-from tests.cluster.processes import Beside, sigkill, wait_or_stop
+from tests.cluster.processes import wait_or_stop
 from tests.cluster.running_totals import RunningTotals
 from tests.cluster.stores import (assert_maintained, check_versions_load, stored_totals, unreferenced_now,
                                   wait_collected)
-from tests.streaming import alive, wait_until
+from tests.support.processes import alive, sigkill
+from tests.support.waiting import wait_until
 
 BATCHES = 9
 ARM_AFTER = 1   # armed once batch 1 is done: the point fires in batch 2 (compaction: whenever it runs)
@@ -57,13 +58,7 @@ def test_worker_dies_inside_a_commit_or_compaction(cluster, tmp_path, faults, po
                     leftovers.setdefault(partition, set()).update(files)
             wait_collected(q.checkpoint, leftovers)
 
-    q.query.on_batch = on_batch
-    q.add(BATCHES)
-    beside = Beside(watch)
-    try:
-        q.run()
-    finally:
-        beside.join()
+    q.run_beside(BATCHES, on_batch, watch)
     assert faults.fired(point), f"fault point {point} never fired (does the worker implement SPARK_STATE_FAULT_DIR?)"
     assert any(leftovers.values()), f"the dead worker left no file behind at {point}; the test proved nothing"
     q.assert_exact()

@@ -4,7 +4,7 @@
 
 For each version: a fresh virtualenv with the wheel and ``pyspark==VERSION`` installed by pip
 (every dependency resolved and installed from the index or pip's cache, nothing shared with
-the development environment), then tests/wheel_app.py twice with ``java`` but no ``javac`` on
+the development environment), then tests/support/wheel_app.py twice with ``java`` but no ``javac`` on
 PATH: a running-total applyInPandasWithState query, stopped and restarted from its checkpoint
 in a second application, must continue every key's total, and the provider-contract check
 (no abstract method of that version's StateStoreProvider / StateStore / ReadStateStore left
@@ -23,7 +23,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from tests import wheel_app, wheel_env
+from tests.support import wheel_app, wheel_env
 
 #: Latest patch release of each supported minor version besides the development pin (4.3).
 DEFAULT_VERSIONS = ["4.0.5", "4.1.4", "4.2.1"]

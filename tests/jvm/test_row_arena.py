@@ -1,0 +1,164 @@
+"""StateMap's row arena against a dict model, through a real JVM (tests/jvm/ArenaProbe.java).
+
+Pages of 256 bytes and compaction from 512 bytes of garbage, so small examples cross pages, hold
+records larger than a page, compact and grow the table, also while an iterator runs."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.support.jvm_probes import probe_command
+
+KEYS = [bytes([i]) * n for i in range(1, 9) for n in (1, 3, 9, 30)] + [b""]
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory):
+    cmd = probe_command("ArenaProbe.java", "io.sparkstate.shim.ArenaProbe", tmp_path_factory.mktemp("arena-probe"),
+                        "-ea", "-Dspark_state.arenaPageBytes=256", "-Dspark_state.arenaMinGarbage=512", heap="256m")
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    yield Probe(proc)
+    proc.stdin.close()
+    proc.wait(timeout=30)
+
+
+class Probe:
+    def __init__(self, proc):
+        self.proc = proc
+
+    def send(self, line: str) -> None:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def read(self) -> str:
+        line = self.proc.stdout.readline()
+        assert line, "the probe JVM ended: " + self.proc.stderr.read()[-2000:]
+        return line.rstrip("\n")
+
+    def reset(self) -> None:
+        """A new map; skips any answer a failed example left unread."""
+        self.nonce = getattr(self, "nonce", 0) + 1
+        self.send(f"reset {self.nonce}")
+        while self.read() != f"OK {self.nonce}":
+            pass
+
+    def ask(self, line: str) -> str:
+        self.send(line)
+        return self.read()
+
+
+def h(b: bytes) -> str:
+    return b.hex() or "-"
+
+
+def unh(s: str) -> bytes:
+    return b"" if s == "-" else bytes.fromhex(s)
+
+
+keys = st.sampled_from(KEYS)
+values = st.one_of(st.binary(max_size=40), st.binary(min_size=200, max_size=700))
+actions = st.one_of(
+    st.just((".",)), st.just(("r",)), st.tuples(st.just("u"), values),
+    st.tuples(st.just("d"), keys), st.tuples(st.just("p"), keys, values))
+ops = st.one_of(
+    st.tuples(st.just("put"), keys, values),
+    st.tuples(st.just("get"), keys),
+    st.tuples(st.just("remove"), keys),
+    st.tuples(st.just("iter"), st.lists(actions, max_size=12)),
+)
+
+
+def token(a: tuple) -> str:
+    if a[0] in (".", "r"):
+        return a[0]
+    if a[0] == "u":
+        return f"u:{h(a[1])}"
+    if a[0] == "d":
+        return f"d:{h(a[1])}"
+    return f"p:{h(a[1])}:{h(a[2])}"
+
+
+def iterate(probe: Probe, model: dict, acts: list) -> None:
+    """Each visited row is live with its current value at that moment; a key nobody touched while the
+    iterator ran is visited exactly once."""
+    probe.send("iter " + " ".join(token(a) for a in acts))
+    start = set(model)
+    touched, visits, i = set(), [], 0
+    lines = []
+    while (line := probe.read()) != "END":
+        lines.append(line)
+    for line in lines:
+        _, k, v = line.split(" ")
+        k = unh(k)
+        assert k in model and h(model[k]) == v, (k, v, model.get(k))
+        visits.append(k)
+        a = acts[i] if i < len(acts) else (".",)
+        i += 1
+        if a[0] == "r":
+            del model[k]
+            touched.add(k)
+        elif a[0] == "u":
+            model[k] = a[1]
+            touched.add(k)
+        elif a[0] == "d":
+            model.pop(a[1], None)
+            touched.add(a[1])
+        elif a[0] == "p":
+            model[a[1]] = a[2]
+            touched.add(a[1])
+    for k in start - touched:
+        assert visits.count(k) == 1, (k, visits)
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(ops, max_size=120))
+def test_the_arena_map_behaves_as_a_dict(probe, script):
+    probe.reset()
+    model: dict[bytes, bytes] = {}
+    for op in script:
+        if op[0] == "put":
+            old = model.get(op[1])
+            assert probe.ask(f"put {h(op[1])} {h(op[2])}") == ("NULL" if old is None else h(old))
+            model[op[1]] = op[2]
+        elif op[0] == "get":
+            old = model.get(op[1])
+            assert probe.ask(f"get {h(op[1])}") == ("NULL" if old is None else h(old))
+        elif op[0] == "remove":
+            old = model.pop(op[1], None)
+            assert probe.ask(f"remove {h(op[1])}") == ("NULL" if old is None else h(old))
+        else:
+            iterate(probe, model, op[1])
+        assert probe.ask("size") == str(len(model))
+    iterate(probe, model, [])
+    assert probe.ask("held") == "OK"
+
+
+def test_many_keys_grow_compact_and_shrink(probe):
+    """Thousands of keys: the table grows, repeated updates compact, removing most keys while
+    iterating leaves exactly the others."""
+    probe.reset()
+    model = {}
+    for round_ in range(3):
+        for i in range(3000):
+            k, v = f"key-{i}".encode(), f"v{round_}-{i}".encode() * (1 + i % 5)
+            probe.ask(f"put {h(k)} {h(v)}")
+            model[k] = v
+    assert probe.ask("size") == "3000"
+    iterate(probe, model, [("r",)] * 2000)
+    assert probe.ask("size") == str(len(model)) == "1000"
+    iterate(probe, model, [])
+    assert probe.ask("held") == "OK"
+
+
+def test_readers_on_other_threads_see_whole_rows_while_a_writer_changes_the_map(probe):
+    """Read stores of other tasks read the map a write store changes (Spark runs them on other threads):
+    every row a reader gets is whole and belongs to its key, rows it keeps never change, and the writer
+    loses nothing (200k puts and removes over 3000 keys, pages of 256 bytes: many compactions)."""
+    answer = probe.ask("race 3000 200000")
+    assert answer.startswith("OK"), answer
+    assert int(answer.split()[1]) > 0, "the readers read nothing while the writer ran"

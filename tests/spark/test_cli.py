@@ -1,0 +1,160 @@
+"""The ``spark-state`` CLI end to end: each command run as a child process (``python -m spark_state``)
+on real checkpoints, on local paths and on an S3 endpoint, in text and ``--json``."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pyarrow.dataset as ds
+import pytest
+
+from spark_state.keygroups import key_groups_of, partitions_of
+from tests.support import s3_server
+from tests.support.lifecycle import cli, cli_json
+from tests.support.paths import ROOT
+from tests.support.spark import statestore_rows
+
+
+pytestmark = pytest.mark.spark_state_only("the CLI reads spark_state checkpoints")
+
+
+def _reader_rows_per_partition(spark, checkpoint: Path, batch: int) -> Counter:
+    return Counter(row[-1] for row in statestore_rows(spark, checkpoint, batchId=batch))
+
+
+def test_console_script_and_module_run_the_same_main():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"spark-state": "spark_state.cli:main"}
+    done = cli("--help")
+    for command in ("ls", "inspect", "validate", "export", "savepoint", "restore", "rescale"):
+        assert command in done.stdout
+
+
+def test_ls_lists_batches_operators_stores_versions_and_bytes(finished):
+    code, out = cli_json("ls", finished.checkpoint)
+    assert code == 0 and out["ok"]
+    assert out["query_id"] == json.loads((finished.checkpoint / "metadata").read_text())["id"]
+    assert out["spark_state"] and out["num_partitions"] == 2
+    assert out["batches"]["committed"] == out["batches"]["restorable"] == [0, 1, 2, 3, 4]
+    (op,) = out["operators"]
+    assert op["name"] == "applyInPandasWithState" and op["stores"] == ["default"]
+    assert [(s["partition"], s["versions"][-1]) for s in op["partitions"]] == [(0, 5), (1, 5)]
+    assert all(s["bytes"] > 0 and s["files"] >= 1 for s in op["partitions"])
+    text = cli("ls", finished.checkpoint).stdout
+    assert "restorable 0-4" in text and "applyInPandasWithState" in text
+
+
+def test_inspect_reports_the_rows_spark_reads_with_their_key_groups_and_chain(spark, finished):
+    per_partition = _reader_rows_per_partition(spark, finished.checkpoint, 4)
+    assert sum(per_partition.values()) > 0
+    for partition in (0, 1):
+        code, out = cli_json("inspect", finished.checkpoint, "-o", "0", "-p", str(partition))
+        assert out["version"] == 5 and out["batch"] == 4
+        assert out["rows"] == per_partition[partition]
+        kg = out["key_groups"]
+        assert sum(kg["rows"].values()) == out["rows"] == sum(b["rows"] for b in kg["buckets"])
+        assert all(int(g) % 2 == partition for g in kg["rows"]), "a key group outside the partition"
+        assert out["chain"][0]["kind"] == "snapshot"
+        for f in out["chain"]:
+            assert (Path(out["root"].removeprefix("file://")) / f["path"]).stat().st_size == f["bytes"]
+    older = cli_json("inspect", finished.checkpoint, "-o", "0", "-p", "0", "--batch", "0")[1]
+    assert older["version"] == 1 and len(older["chain"]) == 1
+    text = cli("inspect", finished.checkpoint, "-o", "0", "-p", "0").stdout
+    assert "key-group histogram" in text and "chain" in text
+
+
+def test_validate_passes_then_names_each_broken_file(finished, tmp_path):
+    ckpt = finished.copy(tmp_path / "ckpt")
+    code, out = cli_json("validate", ckpt)
+    assert code == 0 and out["ok"] and out["files"] > 10
+    shared = sorted((ckpt / "state" / "0" / "1" / "shared").iterdir())
+    flipped, truncated, deleted = shared[0], shared[1], shared[2]
+    data = bytearray(flipped.read_bytes())
+    data[100] ^= 1
+    flipped.write_bytes(bytes(data))
+    truncated.write_bytes(truncated.read_bytes()[:-5])
+    deleted.unlink()
+    (ckpt / "commits" / "2").write_text("v1\n{not json")
+    done = cli("validate", ckpt, check=False)
+    assert done.returncode == 1
+    for broken, why in ((flipped, "checksum"), (truncated, "bytes but"), (deleted, "missing"),
+                        (ckpt / "commits" / "2", "not JSON")):
+        line = next((ln for ln in done.stderr.splitlines() if str(broken) in ln), None)
+        assert line is not None and why in line, f"{broken.name} not named with '{why}':\n{done.stderr}"
+    code, out = cli_json("validate", ckpt, check=False)
+    assert code == 1 and not out["ok"] and len(out["problems"]) == 4
+
+
+def test_export_writes_the_state_of_a_batch_as_parquet(spark, finished, tmp_path):
+    cli("export", finished.checkpoint, tmp_path / "out", "--batch", "3")
+    table = ds.dataset(tmp_path / "out", format="parquet", partitioning="hive").to_table()
+    assert set(table.column_names) >= {"partition", "kg", "hash", "key", "value", "operator", "store"}
+    expected = _reader_rows_per_partition(spark, finished.checkpoint, 3)
+    assert Counter(table.column("partition").to_pylist()) == expected
+    hashes = table.column("hash")
+    assert np.array_equal(key_groups_of(hashes, 100800), table.column("kg").to_numpy())
+    assert np.array_equal(partitions_of(hashes, 2), table.column("partition").to_numpy())
+    done = cli("export", finished.checkpoint, tmp_path / "out", check=False)
+    assert done.returncode == 2 and "already holds files" in done.stderr
+
+
+def test_savepoint_and_restore_commands_resume_the_query(finished, tmp_path):
+    code, sp = cli_json("savepoint", finished.checkpoint, "--target", tmp_path / "sps", "--batch", "2")
+    assert sp["batch"] == 2 and sp["savepoint"].startswith(f"file://{tmp_path}/sps/savepoint-")
+    assert cli_json("validate", sp["savepoint"])[1]["kind"] == "savepoint"
+    assert "batch 2 (resumes with batch 3)" in cli("ls", sp["savepoint"]).stdout
+    done = cli("restore", sp["savepoint"], tmp_path / "restored")
+    assert "resume with batch 3" in done.stdout
+    resumed = finished.query_on(tmp_path / "restored")
+    assert resumed.run() == [3, 4]
+    assert resumed.outputs == {b: finished.query.outputs[b] for b in (3, 4)}
+
+
+@pytest.mark.parametrize("args, says", [
+    (["ls", "{tmp}/nothing"], "is not a Spark checkpoint"),
+    (["restore", "{ckpt}", "{ckpt}/offsets"], "refusing to restore into"),
+    (["inspect", "{ckpt}", "-o", "3", "-p", "0"], "has no operator 3; its operators are [0]"),
+    (["inspect", "{ckpt}", "-o", "0", "-p", "0", "--version", "9"], "has no version 9; versions present: 1-5"),
+    (["ls", "{ckpt}", "--conf", "checkpointRoot"], "is not KEY=VALUE"),
+    (["ls", "{ckpt}", "--conf", "snapshotIntervall=3"], "unknown option"),
+    (["savepoint", "{ckpt}"], "savepointDir"),
+    (["rescale", "{ckpt}", "0"], "must be at least 1"),
+])
+def test_errors_say_what_to_do_and_exit_2(finished, tmp_path, args, says):
+    args = [a.format(tmp=tmp_path, ckpt=finished.checkpoint) for a in args]
+    done = cli(*args, check=False)
+    assert done.returncode == 2, done.stderr
+    assert says in done.stderr and "Traceback" not in done.stderr
+    code, out = cli_json(*args, check=False)
+    assert code == 2 and not out["ok"] and says in out["error"]
+
+
+@pytest.fixture
+def bucket():
+    s3_server.start()
+    name = f"cli-{uuid.uuid4().hex[:8]}"
+    s3_server.make_bucket(name)
+    return name
+
+
+def test_commands_work_on_s3_urls(finished, tmp_path, bucket):
+    """ls, validate and savepoint on a checkpoint in S3, the savepoint to S3, restored back to a local
+    location where the query resumes."""
+    fs = fsspec.filesystem("s3")
+    fs.put(str(finished.checkpoint), f"{bucket}/ckpt", recursive=True)
+    url = f"s3://{bucket}/ckpt"
+    code, out = cli_json("ls", url)
+    assert out["batches"]["restorable"] == [0, 1, 2, 3, 4]
+    assert cli_json("validate", url)[1]["ok"]
+    code, sp = cli_json("savepoint", url, "--target", f"s3://{bucket}/savepoints", "--batch", "2")
+    assert sp["savepoint"].startswith(f"s3://{bucket}/savepoints/savepoint-")
+    cli("restore", sp["savepoint"], tmp_path / "restored")
+    resumed = finished.query_on(tmp_path / "restored")
+    assert resumed.run() == [3, 4]
+    assert resumed.outputs == {b: finished.query.outputs[b] for b in (3, 4)}

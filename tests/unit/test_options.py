@@ -1,0 +1,66 @@
+"""Options: defaults, parsing, and clear errors for bad values."""
+
+import re
+
+import pytest
+from hypothesis import given, strategies as st
+
+from spark_state.options import DESCRIPTIONS, PREFIX, OptionError, Settings
+from tests.support.paths import ROOT
+
+
+
+def test_defaults_round_trip_through_spark_conf():
+    assert Settings.from_conf(Settings().to_conf()) == Settings()
+
+
+def test_full_and_short_keys_are_the_same_option():
+    assert Settings.from_conf({PREFIX + "storage": "memory"}) == Settings.from_conf({"storage": "MEMORY"})
+
+
+def test_other_spark_keys_are_ignored():
+    assert Settings.from_conf({"spark.sql.shuffle.partitions": "7"}) == Settings()
+
+
+@pytest.mark.parametrize("key, value, must_say", [
+    ("storage", "tape", ["storage", "'tape'", "filesystem", "memory"]),
+    ("maxParallelism", "lots", ["maxParallelism", "whole number"]),
+    ("maxParallelism", "0", ["maxParallelism", "out of range"]),
+    ("compressionLevel", "23", ["compressionLevel", "[1, 22]"]),
+    ("memory.maxStateSize", "five", ["maxStateSize", "5m"]),
+    ("checkpointRoot", "relative/dir", ["checkpointRoot", "absolute"]),
+    ("verifyChecksums", "maybe", ["verifyChecksums", "true or false"]),
+    ("snapshotIntervall", "3", ["unknown option", "snapshotIntervall", "snapshotInterval"]),
+])
+def test_bad_values_name_the_option_and_the_fix(key, value, must_say):
+    with pytest.raises(OptionError) as err:
+        Settings.from_conf({PREFIX + key: value})
+    for text in must_say:
+        assert text in str(err.value)
+
+
+@given(st.integers(1, 10**6), st.sampled_from([("", 1), ("k", 1024), ("m", 1024**2), ("MiB", 1024**2), ("g", 1024**3)]))
+def test_sizes_accept_units(n, unit):
+    suffix, mult = unit
+    assert Settings.from_conf({"memory.maxStateSize": f"{n}{suffix}"}).memory_max_state_size == n * mult
+
+
+def test_spark_defaults_example_lists_every_option():
+    text = (ROOT / "conf" / "spark-defaults.conf").read_text()
+    for short in DESCRIPTIONS:
+        assert PREFIX + short in text, f"conf/spark-defaults.conf does not show {short}"
+    from spark_state.spark_config import spark_conf
+
+    for key in spark_conf():  # the jar, the provider and the listener too (set, or shown commented out)
+        assert re.search(rf"^(# )?{re.escape(key)}\s", text, re.M), f"conf/spark-defaults.conf does not show {key}"
+
+
+def test_configure_validates_before_spark_starts():
+    from spark_state.spark_config import option_conf, spark_conf
+
+    assert option_conf(storage="memory", snapshot_interval=4) == {
+        PREFIX + "storage": "memory", PREFIX + "snapshotInterval": "4"}
+    with pytest.raises(OptionError, match="compressionLevel"):
+        option_conf(compression_level=99)
+    with pytest.raises(TypeError, match="snapshot_intervall"):
+        spark_conf(snapshot_intervall=3)
