@@ -7,6 +7,7 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.Paths;
 import java.util.ArrayList;
 import java.util.HashMap;
+import java.util.HexFormat;
 import java.util.List;
 import java.util.Map;
 import java.util.Random;
@@ -43,25 +44,11 @@ public class RowImageProbe {
   static final ThreadLocal<UnsafeProjection> VALUES = ThreadLocal.withInitial(() -> UnsafeProjection.create(VALUE));
 
   static byte[] unhex(String s) {
-    if (s.equals("-")) {
-      return new byte[0];
-    }
-    byte[] b = new byte[s.length() / 2];
-    for (int i = 0; i < b.length; i++) {
-      b[i] = (byte) Integer.parseInt(s.substring(2 * i, 2 * i + 2), 16);
-    }
-    return b;
+    return s.equals("-") ? new byte[0] : HexFormat.of().parseHex(s);
   }
 
   static String hex(byte[] b) {
-    if (b.length == 0) {
-      return "-";
-    }
-    StringBuilder sb = new StringBuilder();
-    for (byte x : b) {
-      sb.append(String.format("%02x", x));
-    }
-    return sb.toString();
+    return b.length == 0 ? "-" : HexFormat.of().formatHex(b);
   }
 
   static UnsafeRow key(String h) {

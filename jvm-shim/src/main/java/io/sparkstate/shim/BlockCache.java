@@ -19,29 +19,31 @@ final class BlockCache {
 
   /**
    * One block, decompressed and checked: what its image's slot holds, and a link in the clock ring.
-   * {@code restarts} are the offsets of every {@link RowImage#RESTART_INTERVAL}-th record, so a lookup
-   * binary-searches the block instead of scanning it from the start.
+   * {@code restarts} are the offsets of every {@link RowImage#RESTART_INTERVAL}-th record and
+   * {@code restartKeys} their sort keys, so a lookup binary-searches a small array, not the block.
    */
   static final class Entry {
     final RowImage image;
     final int block;
     final byte[] bytes;
     final int[] restarts;
+    final long[] restartKeys;
     /** Used since the hand last passed it. */
     volatile boolean referenced;
     /** The ring, guarded by the cache. */
     Entry prev;
     Entry next;
 
-    Entry(RowImage image, int block, byte[] bytes, int[] restarts) {
+    Entry(RowImage image, int block, byte[] bytes, int[] restarts, long[] restartKeys) {
       this.image = image;
       this.block = block;
       this.bytes = bytes;
       this.restarts = restarts;
+      this.restartKeys = restartKeys;
     }
 
     long cost() {
-      return bytes.length + 4L * restarts.length + ENTRY_OVERHEAD;
+      return bytes.length + 12L * restarts.length + ENTRY_OVERHEAD;
     }
   }
 

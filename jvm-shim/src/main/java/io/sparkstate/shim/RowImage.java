@@ -9,6 +9,7 @@ import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
 import java.util.ArrayDeque;
+import java.util.Arrays;
 import java.util.concurrent.atomic.AtomicReferenceArray;
 import java.util.zip.CRC32;
 
@@ -20,7 +21,7 @@ import org.apache.spark.unsafe.array.ByteArrayMethods;
 
 /**
  * A row image opened for lookups: a local state file of UnsafeRow records sorted by (key group, hash)
- * in small blocks (layout: /work/notes/row-image-spec.md, "File layout"). Only the block index is on
+ * in small blocks (layout: issue 23's row image spec, "File layout"). Only the block index is on
  * the heap (a few bytes per block); blocks are read on demand, verified and decompressed into the
  * executor's {@link BlockCache}, and rows point straight into them. Nothing is memory-mapped, so what
  * the image keeps resident is the index plus its share of the cache.
@@ -47,6 +48,11 @@ final class RowImage implements Closeable {
   static final long MAX_BLOCK = Integer.MAX_VALUE - 16;
   /** A lookup scans at most this many records of a block after a binary search of its restarts. */
   static final int RESTART_INTERVAL = 8;
+  /**
+   * A cursor reads the blocks it needs this many bytes at a time (one read, not one per small block);
+   * the system property {@code spark_state.rowImageReadAhead} makes it smaller (tests cross many reads).
+   */
+  static final int READ_AHEAD = Math.max(1, Integer.getInteger("spark_state.rowImageReadAhead", 256 << 10));
 
   /** {@link #get}'s answer for a key this image holds as deleted: compare by identity, never hand it to Spark. */
   static final UnsafeRow DELETED = new UnsafeRow(0);
@@ -239,7 +245,7 @@ final class RowImage implements Closeable {
     for (int b = firstBlockEndingAtOrAfter(s); b < blockCount && firstKey[b] <= s; b++) {
       BlockCache.Entry block = block(b);
       byte[] bytes = block.bytes;
-      long at = Platform.BYTE_ARRAY_OFFSET + lastRestartBefore(bytes, block.restarts, s);
+      long at = Platform.BYTE_ARRAY_OFFSET + block.restarts[lastRestartBefore(block.restartKeys, s)];
       long end = Platform.BYTE_ARRAY_OFFSET + rawLength[b];
       while (at < end) {
         long k = sortKey(Platform.getInt(bytes, at), Platform.getInt(bytes, at + 4));
@@ -279,6 +285,9 @@ final class RowImage implements Closeable {
     private long at;
     private long next = Platform.BYTE_ARRAY_OFFSET;
     private long end = Platform.BYTE_ARRAY_OFFSET;
+    /** Stored blocks read ahead: the file's bytes from chunkStart (a new array each time). */
+    private byte[] chunk;
+    private long chunkStart;
 
     /** Moves to the next record; false when there is none. */
     boolean next() {
@@ -288,13 +297,31 @@ final class RowImage implements Closeable {
         }
         block++;
         BlockCache.Entry cached = slots.get(block);
-        bytes = (cached != null ? cached : load(block)).bytes;
+        if (cached != null) {
+          bytes = cached.bytes;
+        } else {
+          byte[] src = readAhead(block);
+          bytes = decode(block, src, (int) (offset[block] - chunkStart)).bytes;
+        }
         next = Platform.BYTE_ARRAY_OFFSET;
         end = next + rawLength[block];
       }
       at = next;
       next += RECORD_HEADER + Platform.getInt(bytes, at + 8) + Math.max(Platform.getInt(bytes, at + 12), 0);
       return true;
+    }
+
+    /** The chunk holding block b, reading up to {@link #READ_AHEAD} bytes of blocks from b when it is not there. */
+    private byte[] readAhead(int b) {
+      if (chunk == null || offset[b] < chunkStart || offset[b + 1] > chunkStart + chunk.length) {
+        int last = b;
+        while (last + 1 < blockCount && offset[last + 2] - offset[b] <= READ_AHEAD) {
+          last++;
+        }
+        chunk = read(offset[b], offset[last + 1]);
+        chunkStart = offset[b];
+      }
+      return chunk;
     }
 
     int keyGroup() {
@@ -359,20 +386,19 @@ final class RowImage implements Closeable {
     return lo;
   }
 
-  /** The offset of the last restart whose record sorts before s (0 if none does). */
-  private static int lastRestartBefore(byte[] bytes, int[] restarts, long s) {
+  /** The last restart whose record sorts before s (0 if none does). */
+  private static int lastRestartBefore(long[] restartKeys, long s) {
     int lo = 0;
-    int hi = restarts.length - 1;
+    int hi = restartKeys.length - 1;
     while (lo < hi) {
       int mid = (lo + hi + 1) >>> 1;
-      long at = Platform.BYTE_ARRAY_OFFSET + restarts[mid];
-      if (sortKey(Platform.getInt(bytes, at), Platform.getInt(bytes, at + 4)) < s) {
+      if (restartKeys[mid] < s) {
         lo = mid;
       } else {
         hi = mid - 1;
       }
     }
-    return restarts[lo];
+    return lo;
   }
 
   private BlockCache.Entry block(int b) {
@@ -380,31 +406,47 @@ final class RowImage implements Closeable {
     return e != null ? e : cache.insert(load(b));
   }
 
-  /** Reads, verifies and decompresses a block into a new array, and checks its records. */
+  /** Reads a block alone, for a lookup. */
   private BlockCache.Entry load(int b) {
+    return decode(b, read(offset[b], offset[b + 1]), 0);
+  }
+
+  /** The file's bytes [from, to): a new array (blocks and rows may point into it). */
+  private byte[] read(long from, long to) {
     if (closed) {
       throw new IllegalStateException("spark_state: the row image " + path + " is closed");
     }
-    int stored = (int) (offset[b + 1] - offset[b]);
-    byte[] src;
     try {
-      src = readAt(offset[b], stored);
+      return readAt(from, (int) (to - from));
     } catch (IOException e) {
       throw RowImageException.unreadable(path, e);
     }
-    if (verifyChecksums && crc32(src) != crc[b]) {
-      throw RowImageException.corrupt(path, b, blockCount, "CRC-32 mismatch (ChecksumMismatch)");
-    }
-    byte[] raw = codec == CODEC_RAW ? src : decompress(b, src);
-    return new BlockCache.Entry(this, b, raw, checkRecords(b, raw));
   }
 
-  private byte[] decompress(int b, byte[] src) {
+  /**
+   * Block b from its stored bytes at {@code src[from..]}: verified (when asked), decompressed into an
+   * array of its own, its records checked and indexed.
+   */
+  private BlockCache.Entry decode(int b, byte[] src, int from) {
+    int stored = (int) (offset[b + 1] - offset[b]);
+    if (verifyChecksums && crc32(src, from, stored) != crc[b]) {
+      throw RowImageException.corrupt(path, b, blockCount, "CRC-32 mismatch (ChecksumMismatch)");
+    }
+    byte[] raw;
+    if (codec == CODEC_ZSTD) {
+      raw = decompress(b, src, from, stored);
+    } else {
+      raw = from == 0 && src.length == stored ? src : Arrays.copyOfRange(src, from, from + stored);
+    }
+    return indexBlock(b, raw);
+  }
+
+  private byte[] decompress(int b, byte[] src, int from, int length) {
     byte[] raw = new byte[rawLength[b]];
     ZstdDecompressCtx ctx = Decompressors.take();
     int n;
     try {
-      n = ctx.decompressByteArray(raw, 0, raw.length, src, 0, src.length);
+      n = ctx.decompressByteArray(raw, 0, raw.length, src, from, length);
     } catch (ZstdException e) {
       ctx.close();
       throw RowImageException.corrupt(path, b, blockCount, "zstd: " + e.getMessage());
@@ -417,19 +459,17 @@ final class RowImage implements Closeable {
   }
 
   /**
-   * Checks that the records tile the block exactly, in order, within the block's sort-key range;
-   * returns the block's restarts (the offsets of records 0, R, 2R, ...).
+   * Checks that the records tile the block exactly, in order, within the block's sort-key range, and
+   * notes every {@link #RESTART_INTERVAL}-th record's offset and sort key for lookups.
    */
-  private int[] checkRecords(int b, byte[] bytes) {
+  private BlockCache.Entry indexBlock(int b, byte[] bytes) {
     long at = Platform.BYTE_ARRAY_OFFSET;
     long end = at + bytes.length;
     long previous = firstKey[b];
     int n = 0;
     int[] restarts = new int[(blockRecords[b] + RESTART_INTERVAL - 1) / RESTART_INTERVAL];
+    long[] restartKeys = new long[restarts.length];
     while (at < end) {
-      if (n % RESTART_INTERVAL == 0 && n / RESTART_INTERVAL < restarts.length) {
-        restarts[n / RESTART_INTERVAL] = (int) (at - Platform.BYTE_ARRAY_OFFSET);
-      }
       String bad = null;
       long k = 0;
       if (end - at < RECORD_HEADER) {
@@ -445,9 +485,11 @@ final class RowImage implements Closeable {
         } else if (keyLength < 0 || keyLength % 8 != 0 || valueLength < -1 || (valueLength > 0 && valueLength % 8 != 0)
             || (valueLength == -1 && !tombstones) || length > end - at) {
           bad = "record " + n + " has lengths " + keyLength + "/" + valueLength;
-        } else {
-          at += length;
+        } else if (n % RESTART_INTERVAL == 0 && n / RESTART_INTERVAL < restarts.length) {
+          restarts[n / RESTART_INTERVAL] = (int) (at - Platform.BYTE_ARRAY_OFFSET);
+          restartKeys[n / RESTART_INTERVAL] = k;
         }
+        at += length;
       }
       if (bad != null) {
         throw RowImageException.corrupt(path, b, blockCount, bad);
@@ -459,7 +501,7 @@ final class RowImage implements Closeable {
       throw RowImageException.corrupt(path, b, blockCount, n + " records ending at sort key " + previous
           + ", the index says " + blockRecords[b] + " ending at " + lastKey[b]);
     }
-    return restarts;
+    return new BlockCache.Entry(this, b, bytes, restarts, restartKeys);
   }
 
   private byte[] readAt(long position, int length) throws IOException {
@@ -476,8 +518,12 @@ final class RowImage implements Closeable {
   }
 
   static int crc32(byte[] bytes) {
+    return crc32(bytes, 0, bytes.length);
+  }
+
+  static int crc32(byte[] bytes, int from, int length) {
     CRC32 c = new CRC32();
-    c.update(bytes, 0, bytes.length);
+    c.update(bytes, from, length);
     return (int) c.getValue();
   }
 
