@@ -45,7 +45,7 @@ $(STAMP): pyproject.toml
 
 # Compiles jvm-shim/ against the installed pyspark's jars (redone when the Spark version changes).
 shim: $(STAMP)
-	$(PY) -m spark_state.shim build
+	$(PY) -m spark_state.spark.shim build
 
 # PEP 517 build (isolated: installs pyspark 4.3 into the build environment and compiles the shim).
 wheel: $(STAMP)

@@ -2,7 +2,7 @@
 
 The jar is a build output, never committed: ``build_py`` compiles ``jvm-shim/`` with javac
 against the pyspark of the build environment (pinned in pyproject's build-system requires).
-Editable installs skip it; they compile the shim on demand (spark_state/shim.py).
+Editable installs skip it; they compile the shim on demand (spark_state/spark/shim.py).
 """
 
 import importlib.util
@@ -17,12 +17,14 @@ HERE = Path(__file__).resolve().parent
 
 
 def _shim_module():
-    # spark_state.shim by path: importing the package would need its runtime dependencies.
-    spec = importlib.util.spec_from_file_location("_spark_state_shim_build", HERE / "spark_state" / "shim.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses and typing look modules up by name
-    spec.loader.exec_module(module)
-    return module
+    # spark_state.spark.shim from this source tree (first on the path, whatever else is installed): it, the
+    # packages above it and spark_state.errors import only the standard library, so no runtime dependency
+    # of spark_state needs to be in the build environment.
+    sys.path.insert(0, str(HERE))
+    try:
+        return importlib.import_module("spark_state.spark.shim")
+    finally:
+        sys.path.remove(str(HERE))
 
 
 class BuildPyWithShim(build_py):

@@ -30,10 +30,12 @@ import time
 import numpy as np
 import pyarrow as pa
 
+from spark_state.chain import forget_stores, open_store
+from spark_state.format.tables import CHANGES_SCHEMA
 from spark_state.keygroups import key_groups_of, owned_key_groups
 from spark_state.options import DEFAULT_MAX_PARALLELISM, Settings
-from spark_state.state import CHANGES_SCHEMA, StoreRef, forget_stores, open_store
-from spark_state.storage import clear_registry
+from spark_state.storage.layout import StoreRef
+from spark_state.storage.memory import clear_registry
 
 
 def _binary(matrix: np.ndarray) -> pa.Array:

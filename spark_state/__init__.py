@@ -10,15 +10,15 @@ PROVIDER_CLASS = "io.sparkstate.shim.SparkStateProvider"
 
 
 def configure(builder, **options):
-    """Returns the builder with spark_state as the state store; see spark_state.spark_config."""
-    from spark_state.spark_config import configure as _configure
+    """Returns the builder with spark_state as the state store; see spark_state.spark.config."""
+    from spark_state.spark.config import configure as _configure
 
     return _configure(builder, **options)
 
 
 def shim_jar(build: bool = True):
     """Path of the JVM shim jar for the installed Spark, built with javac if needed."""
-    from spark_state.shim import shim_jar as _shim_jar
+    from spark_state.spark.shim import shim_jar as _shim_jar
 
     return _shim_jar(build=build)
 
@@ -45,8 +45,8 @@ def restore(source, checkpoint_location, batch=None, **kwargs):
 
 
 def read_state(checkpoint_location, operator=0, store_name=None, batch=None, partitions=None, **kwargs):
-    """One operator's state at a committed batch as a pyarrow Table, without Spark; see spark_state.reading."""
-    from spark_state.reading import read_state as _read_state
+    """One operator's state at a committed batch as a pyarrow Table, without Spark (spark_state.lifecycle.reading)."""
+    from spark_state.lifecycle.reading import read_state as _read_state
 
     return _read_state(checkpoint_location, operator, store_name, batch, partitions, **kwargs)
 

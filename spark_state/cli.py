@@ -23,8 +23,8 @@ import sys
 import time
 from typing import Callable
 
-from spark_state.errors import SparkStateError
-from spark_state.options import OptionError
+from spark_state.errors import OptionError, SparkStateError
+from spark_state.storage.layout import DEFAULT_STORE
 
 EXIT_OK, EXIT_INVALID, EXIT_ERROR = 0, 1, 2
 
@@ -59,7 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("location")
     p.add_argument("-o", "--operator", type=int, required=True)
     p.add_argument("-p", "--partition", type=int, required=True)
-    p.add_argument("-s", "--store", default="default", help="store name (joins have four); default 'default'")
+    p.add_argument("-s", "--store", default=DEFAULT_STORE,
+                   help=f"store name (joins have four); default '{DEFAULT_STORE}'")
     at = p.add_mutually_exclusive_group()
     at.add_argument("--batch", type=int, help="the state of this committed batch (default: the latest)")
     at.add_argument("--version", type=int, help="this store version (= batch + 1)")
@@ -109,7 +110,7 @@ def _human(n: int) -> str:
 def _show_ls(r: dict) -> None:
     from rich.table import Table
 
-    from spark_state.storage.base import format_versions
+    from spark_state.storage.layout import format_versions
 
     con = _console()
     if r["kind"] == "savepoint":
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         result, show, code = _run(args)
-    except (SparkStateError, OptionError) as err:
+    except SparkStateError as err:   # OptionError included
         if args.json:
             print(json.dumps({"ok": False, "command": args.command, "kind": type(err).__name__, "error": str(err)}))
         print(f"spark-state {args.command}: error: {err}", file=sys.stderr)

@@ -1,14 +1,18 @@
-"""Errors the plugin raises. Each message says what was wrong and how to fix it.
+"""Every error spark_state raises. Each message says what was wrong and how to fix it.
 
 The worker sends ``type(err).__name__`` as the error kind to the JVM shim, so
-these names are part of the protocol (docs/protocol.md).
+these names are part of the protocol (docs/protocol.md): rename none of them.
+This module imports nothing, so every other module (and setup.py, through
+``spark_state.spark.shim``) can use it.
 """
-
-from spark_state.options import OptionError
 
 
 class SparkStateError(Exception):
     """Base of every error of the plugin."""
+
+
+class OptionError(SparkStateError, ValueError):
+    """An option value the plugin cannot use; the message says which and how to fix it."""
 
 
 class VersionNotFound(SparkStateError):
@@ -16,7 +20,7 @@ class VersionNotFound(SparkStateError):
 
 
 class ChecksumMismatch(SparkStateError):
-    """A file's bytes do not match the checksum its manifest recorded."""
+    """A file's bytes do not match the checksum its manifest recorded (or a record is not valid JSON)."""
 
 
 class StateTooLarge(SparkStateError):
@@ -51,8 +55,25 @@ class ProtocolError(SparkStateError):
     """A malformed request between the JVM shim and the worker."""
 
 
+class CheckpointError(SparkStateError):
+    """A Spark checkpoint directory the tools cannot use as asked; the message says why and what to do."""
+
+
+class ShimBuildError(SparkStateError, RuntimeError):
+    """The shim jar cannot be built; the message says why and how to fix it."""
+
+
+class UnsupportedSparkVersion(ShimBuildError):
+    """The installed pyspark is not one the shim supports."""
+
+
+class ShimNotLoaded(SparkStateError, RuntimeError):
+    """The running Spark driver cannot load the spark_state provider class."""
+
+
 __all__ = [
     "SparkStateError", "OptionError", "VersionNotFound", "ChecksumMismatch",
     "StateTooLarge", "StateLost", "MaxParallelismChanged", "FormatVersionError",
-    "StorageError", "StoreDeleted", "StaleState", "ProtocolError",
+    "StorageError", "StoreDeleted", "StaleState", "ProtocolError", "CheckpointError",
+    "ShimBuildError", "UnsupportedSparkVersion", "ShimNotLoaded",
 ]

@@ -23,8 +23,8 @@ from typing import Iterable
 import numpy as np
 import pyarrow as pa
 
-from spark_state.errors import MaxParallelismChanged
-from spark_state.options import MAX_MAX_PARALLELISM, PREFIX, OptionError
+from spark_state.errors import MaxParallelismChanged, OptionError
+from spark_state.options import MAX_MAX_PARALLELISM, PREFIX
 
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Mapping
 
+from spark_state.errors import OptionError
+
 PREFIX = "spark.sql.streaming.stateStore.sparkState."
 
 #: Default max parallelism M (number of key groups). 100800 = 2^6 * 3^2 * 5^2 * 7,
@@ -25,10 +27,6 @@ MAX_MAX_PARALLELISM = 2**31 - 1
 DEFAULT_MEMORY_MAX_STATE_SIZE = 5 * 1024 * 1024
 
 STORAGES = ("filesystem", "memory")
-
-
-class OptionError(ValueError):
-    """An option value the plugin cannot use; the message says which and how to fix it."""
 
 
 def _positive_int(name: str, raw: str, lo: int = 1, hi: int = MAX_MAX_PARALLELISM) -> int:
@@ -151,6 +149,13 @@ class Settings:
                 continue
             out[PREFIX + short] = str(value).lower() if isinstance(value, bool) else str(value)
         return out
+
+
+def settings_from(options: Mapping[str, str] | Settings | None) -> Settings:
+    """Settings from spark_state options (full Spark keys or short names), or defaults."""
+    if isinstance(options, Settings):
+        return options
+    return Settings.from_conf(dict(options or {}))
 
 
 # short option name -> (Settings field, parser)

@@ -24,14 +24,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
-from spark_state.checkpoint import DEFAULT_STORE, STORE_ENTRIES, SparkCheckpoint, StoreId
 from spark_state.errors import ChecksumMismatch, StorageError
+from spark_state.format.datafile import crc32_hex
+from spark_state.format.manifest import Manifest
 from spark_state.lifecycle.progress import Progress
-from spark_state.location import Dir
-from spark_state.manifest import Manifest
-from spark_state.snapshot import crc32_hex
-from spark_state.sparklog import OperatorMetadata, batch_of
-from spark_state.storage.base import manifest_path
+from spark_state.spark.checkpoint import SparkCheckpoint
+from spark_state.spark.files import OperatorMetadata, batch_of
+from spark_state.storage.directory import Dir
+from spark_state.storage.layout import DEFAULT_STORE, STORE_ENTRIES, StoreId, manifest_path
 
 #: Copy order of a restore (see restore.py): offsets first, metadata last.
 GROUPS = ("offsets", "state", "sources", "commits", "metadata")

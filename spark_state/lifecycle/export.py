@@ -17,13 +17,13 @@ from typing import Iterable, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from spark_state.checkpoint import SparkCheckpoint, settings_from
+from spark_state.errors import CheckpointError
+from spark_state.format.tables import is_typed
 from spark_state.lifecycle.progress import Progress
-from spark_state.location import Dir
-from spark_state.options import Settings
-from spark_state.reading import _as, _unique_names
-from spark_state.snapshot import is_typed
-from spark_state.sparklog import CheckpointError
+from spark_state.lifecycle.reading import as_table_of, unique_names
+from spark_state.options import Settings, settings_from
+from spark_state.spark.checkpoint import SparkCheckpoint
+from spark_state.storage.directory import Dir
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,8 @@ def export(checkpoint_location: str, output: str, *, batch: int | None = None,
         for sid in stores:
             table = ckpt.store(sid).load(at + 1)
             if is_typed(table):   # Spark may repeat a field name (sum, sum); Parquet readers need them unique
-                table = _as(table, _unique_names(table.schema))   # by position: Table.cast matches struct fields by name
+                # by position: Table.cast matches struct fields by name
+                table = as_table_of(table, unique_names(table.schema))
             table = table.add_column(0, "partition", pa.array([sid.partition] * table.num_rows, pa.int32()))
             sink = io.BytesIO()
             pq.write_table(table, sink, compression="zstd")

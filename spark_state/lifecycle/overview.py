@@ -8,14 +8,13 @@ from typing import Mapping
 import numpy as np
 
 from spark_state import PROVIDER_CLASS
-from spark_state.checkpoint import SparkCheckpoint, StoreId, settings_from
-from spark_state.errors import SparkStateError
+from spark_state.errors import CheckpointError, SparkStateError
 from spark_state.lifecycle.progress import Progress
 from spark_state.lifecycle.savepoint import is_savepoint, read_savepoint
-from spark_state.location import Dir
-from spark_state.options import Settings
-from spark_state.sparklog import CheckpointError
-from spark_state.storage.base import format_versions
+from spark_state.options import Settings, settings_from
+from spark_state.spark.checkpoint import SparkCheckpoint
+from spark_state.storage.directory import Dir
+from spark_state.storage.layout import DEFAULT_STORE, StoreId, format_versions
 
 HISTOGRAM_BUCKETS = 20
 
@@ -82,7 +81,7 @@ def _histogram(kg: np.ndarray, max_parallelism: int) -> dict:
     }
 
 
-def store_report(location: str, operator: int, partition: int, store: str = "default", *,
+def store_report(location: str, operator: int, partition: int, store: str = DEFAULT_STORE, *,
                  batch: int | None = None, version: int | None = None,
                  options: Mapping[str, str] | Settings | None = None) -> dict:
     """One store at one version (default: the state of the latest committed batch): rows, key groups, chain."""

@@ -23,9 +23,9 @@ file that Spark routes to ``p'``:
 
 Its cost is a few small files per store, whatever the state's size.
 Compaction later folds a rescaled chain into the new partition's own
-snapshot (spark_state.state), and until every manifest that names an old
-file is gone, a reference record in the old store keeps retention from
-deleting it (spark_state.references).
+snapshot (spark_state.chain.compaction), and until every manifest that names
+an old file is gone, a reference record in the old store keeps retention from
+deleting it (spark_state.chain.references).
 
 Crash safety: everything is read and checked before anything is written;
 then ``offsets/N+1``, the reference records, the manifests, the operator
@@ -40,15 +40,16 @@ import time
 from dataclasses import dataclass, replace
 from typing import Mapping
 
-from spark_state.checkpoint import SparkCheckpoint, StoreId, settings_from
-from spark_state.errors import SparkStateError
+from spark_state.chain import VersionedStore
+from spark_state.chain.references import Reference, write_reference
+from spark_state.errors import CheckpointError, SparkStateError
+from spark_state.format.manifest import FileEntry, Manifest
 from spark_state.keygroups import combine_residues, read_plan
 from spark_state.lifecycle.progress import Progress
-from spark_state.manifest import FileEntry, Manifest
-from spark_state.options import PREFIX, Settings
-from spark_state.references import Reference, write_reference
-from spark_state.state import VersionedStore
-from spark_state.sparklog import SHUFFLE_PARTITIONS, STATE_PARTITIONS, CheckpointError, OperatorMetadata
+from spark_state.options import PREFIX, Settings, settings_from
+from spark_state.spark.checkpoint import SparkCheckpoint
+from spark_state.spark.files import SHUFFLE_PARTITIONS, STATE_PARTITIONS, OperatorMetadata
+from spark_state.storage.layout import StoreId
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,8 @@ def slice_chain(sources: dict[int, Manifest], old_n: int, new_n: int, partition:
 def source_manifest(store: VersionedStore, version: int) -> Manifest:
     """Version `version` of an old partition as a rescale slices it: its compacted snapshot when a valid
     compaction record names one (one file to slice instead of a chain), else its manifest's chain."""
-    manifest, record = store._view(version)
-    return manifest if record is None else replace(manifest, files=(record.snapshot,))
+    view = store.reader.view(version)
+    return view.manifest if view.record is None else replace(view.manifest, files=(view.record.snapshot,))
 
 
 def plan_rescale(sources: Mapping[tuple[int, str], Mapping[int, Manifest]], old_n: int, new_n: int, version: int,

@@ -28,15 +28,16 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Mapping
 
-from spark_state.checkpoint import SparkCheckpoint, settings_from, store_root
+from spark_state.errors import CheckpointError
+from spark_state.format.manifest import Manifest
 from spark_state.lifecycle.cut import Item, checkpoint_cut, copy_items, split_store_path
 from spark_state.lifecycle.progress import Progress
 from spark_state.lifecycle.savepoint import is_savepoint, read_savepoint
-from spark_state.location import Dir
-from spark_state.manifest import Manifest
-from spark_state.storage.base import MANIFEST_NAME, version_dir_of
-from spark_state.options import Settings
-from spark_state.sparklog import CheckpointError, query_metadata
+from spark_state.options import Settings, settings_from
+from spark_state.spark.checkpoint import SparkCheckpoint, store_root
+from spark_state.spark.files import query_metadata
+from spark_state.storage.directory import Dir
+from spark_state.storage.layout import MANIFEST_NAME, version_dir_of
 
 
 @dataclass(frozen=True)

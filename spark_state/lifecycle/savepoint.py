@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from typing import Mapping
 
 import spark_state
-from spark_state.checkpoint import SparkCheckpoint, StoreId, settings_from
-from spark_state.errors import ChecksumMismatch, FormatVersionError
+from spark_state.errors import CheckpointError, ChecksumMismatch, FormatVersionError
 from spark_state.lifecycle.cut import Copied, checkpoint_cut, copy_items
 from spark_state.lifecycle.progress import Progress
-from spark_state.location import Dir, as_url
-from spark_state.options import PREFIX, Settings
-from spark_state.sparklog import CheckpointError
+from spark_state.options import PREFIX, Settings, settings_from
+from spark_state.spark.checkpoint import SparkCheckpoint
+from spark_state.storage.directory import Dir
+from spark_state.storage.layout import StoreId
+from spark_state.storage.urls import as_url
 
 METADATA = "_metadata"
 IN_PROGRESS = "_in_progress"

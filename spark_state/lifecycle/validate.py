@@ -13,15 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
-from spark_state.checkpoint import SparkCheckpoint, StoreId, settings_from
 from spark_state.errors import SparkStateError
 from spark_state.lifecycle.cut import Item
 from spark_state.lifecycle.progress import Progress
 from spark_state.lifecycle.savepoint import is_savepoint, read_savepoint
-from spark_state.location import Dir
-from spark_state.options import Settings
-from spark_state.sparklog import OffsetSeq, parse_commit
-from spark_state.storage.base import format_versions
+from spark_state.options import Settings, settings_from
+from spark_state.spark.checkpoint import SparkCheckpoint
+from spark_state.spark.files import OffsetSeq, parse_commit
+from spark_state.storage.directory import Dir
+from spark_state.storage.layout import StoreId, format_versions
 
 
 @dataclass(frozen=True)

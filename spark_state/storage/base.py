@@ -1,26 +1,10 @@
 """CheckpointStorage: where a store's versions live, independent of the file format.
 
 One spec, many backends (Flink's ``CheckpointStorage``, fsspec's
-``AbstractFileSystem``): the version chain logic in ``spark_state.state``
-only ever calls the methods below, with paths relative to the store's root.
-
-Layout under the root (Flink's)::
-
-    chk-N/_metadata     the manifest of version N; writing it makes N visible
-    chk-N/_snapshot     compaction record of version N (optional): a full
-                        snapshot of N's state, valid while N's manifest
-                        keeps the commit id it names. Compaction never
-                        rewrites a manifest, so what a manifest references
-                        stays referenced for as long as the version is kept.
-    shared/vNNNNNNNNNN-<kind>-<random>.arrow
-                        data files (snapshots and deltas); later versions'
-                        chains reference them, so they are shared. The
-                        random part means a re-commit never overwrites a file
-                        a manifest names; the version part lets retention
-                        tell a crashed commit's leftovers from an in-flight one.
-    taskowned/          not used: every file here is referenced through
-                        manifests, so nothing is owned by a task alone. It is
-                        never created.
+``AbstractFileSystem``): the version chain (``spark_state.chain``) only ever
+calls the methods below, with paths relative to the store's root. What the
+paths are is ``spark_state.storage.layout``'s business (README.md,
+"Checkpoint layout").
 
 Data is always written before the manifest that names it, and a manifest
 names only complete files, so a crash between the two leaves an
@@ -29,54 +13,12 @@ unreferenced file for retention to collect, never a half-visible version.
 
 from __future__ import annotations
 
-import re
-import secrets
 from abc import ABC, abstractmethod
 from typing import Iterable, Sequence
 
 from spark_state.errors import VersionNotFound
-
-MANIFEST_NAME = "_metadata"
-COMPACTION_NAME = "_snapshot"
-SHARED_DIR = "shared"
-_CHK = re.compile(r"^chk-(\d+)$")
-_SHARED = re.compile(r"^shared/v(\d+)-([a-z]+)-([0-9a-f]+)\.arrow$")
-
-
-def manifest_path(version: int) -> str:
-    return f"chk-{version}/{MANIFEST_NAME}"
-
-
-def record_path(version: int, name: str) -> str:
-    """Path of one of version N's records (``_metadata``, ``_snapshot``)."""
-    return f"chk-{version}/{name}"
-
-
-def version_dir_of(name: str) -> int | None:
-    """The N of a 'chk-N' directory name, else None."""
-    m = _CHK.match(name)
-    return int(m.group(1)) if m else None
-
-
-def file_version(path: str) -> int | None:
-    """The version a shared data file was written for, from its name; None for foreign files."""
-    m = _SHARED.match(path)
-    return int(m.group(1)) if m else None
-
-
-def format_versions(versions: Sequence[int]) -> str:
-    """'1-5, 8' for [1, 2, 3, 4, 5, 8]; 'none' when empty."""
-    if not versions:
-        return "none"
-    runs, start, prev = [], versions[0], versions[0]
-    for v in list(versions[1:]) + [None]:
-        if v is not None and v == prev + 1:
-            prev = v
-            continue
-        runs.append(str(start) if start == prev else f"{start}-{prev}")
-        if v is not None:
-            start = prev = v
-    return ", ".join(runs)
+from spark_state.storage import layout
+from spark_state.storage.layout import COMPACTION_NAME, MANIFEST_NAME, SHARED_DIR, format_versions
 
 
 class CheckpointStorage(ABC):
@@ -92,10 +34,8 @@ class CheckpointStorage(ABC):
 
     # ------------------------------------------------------------- naming
 
-    @staticmethod
-    def new_file_path(version: int, kind: str) -> str:
-        """A fresh, never-reused path in shared/ for a data file written for `version`."""
-        return f"{SHARED_DIR}/v{version:010d}-{kind}-{secrets.token_hex(8)}.arrow"
+    #: A fresh path in shared/ for a data file of `version` (the naming is layout's; every backend uses it).
+    new_file_path = staticmethod(layout.new_file_path)
 
     def version_not_found(self, version: int) -> VersionNotFound:
         existing = self.list_versions()

@@ -1,44 +1,26 @@
 """FileSystemCheckpointStorage: a store's files on any fsspec filesystem (file, memory, s3, gcs, …).
 
-Records (manifests, compaction records) are replaced atomically, how depends
-on the filesystem:
-
-* object stores (s3, gcs, azure, …): one PUT is already all-or-nothing;
-* a local disk: write a temporary file beside the record, fsync it, rename it
-  over (``os.replace``), fsync the directory;
-* any other filesystem (hdfs, webhdfs, sftp, …): write a temporary file, then
-  ``mv`` it into place; where the filesystem refuses to rename over an
-  existing file (HDFS), the old record is removed first, so a reader sees the
-  old record, briefly none, or the new one, never a torn one.
-
-With ``fsync`` (the default) local data files, records and the directories
-that name them reach the disk before a commit is acknowledged, so a commit
-survives a kernel crash or power loss, not only the worker or executor dying.
+Records (manifests, compaction records) are replaced atomically
+(``spark_state.storage.atomic`` says how, per filesystem). With ``fsync`` (the
+default) local data files, records and the directories that name them reach
+the disk before a commit is acknowledged, so a commit survives a kernel crash
+or power loss, not only the worker or executor dying.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import secrets
 from typing import Iterable, Sequence
 
 import fsspec
-from fsspec.implementations.local import LocalFileSystem
 
 from spark_state.errors import StorageError, StoreDeleted
-from spark_state.storage.base import MANIFEST_NAME, CheckpointStorage, record_path, version_dir_of
+from spark_state.storage import atomic
+from spark_state.storage.base import CheckpointStorage
+from spark_state.storage.layout import MANIFEST_NAME, SHARED_DIR, record_path, version_dir_of
 
 log = logging.getLogger(__name__)
-
-#: fsspec protocols whose single PUT replaces an object atomically.
-OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "adl", "oss", "oci", "r2", "memory"})
-
-
-def _protocols(fs) -> set[str]:
-    proto = fs.protocol
-    return {proto} if isinstance(proto, str) else set(proto)
-
 
 class FileSystemCheckpointStorage(CheckpointStorage):
     kind = "filesystem"
@@ -57,8 +39,8 @@ class FileSystemCheckpointStorage(CheckpointStorage):
                 f"file:///data/ckpt or s3://bucket/path (with s3fs installed)."
             ) from None
         self._base = path.rstrip("/") or "/"
-        self._local = isinstance(self.fs, LocalFileSystem)
-        self._object_store = not self._local and bool(_protocols(self.fs) & OBJECT_STORES)
+        self._local = atomic.is_local(self.fs)
+        self._object_store = atomic.is_object_store(self.fs)
         self.fsync = fsync and self._local
         self._made_dirs: set[str] = set()
 
@@ -67,9 +49,7 @@ class FileSystemCheckpointStorage(CheckpointStorage):
 
     def _makedirs(self, directory: str) -> None:
         if directory not in self._made_dirs:
-            self.fs.makedirs(directory, exist_ok=True)
-            if self.fsync:
-                _fsync_dir(os.path.dirname(directory))
+            atomic.make_dirs(directory, self.fsync)
             self._made_dirs.add(directory)
 
     def _write_local(self, full: str, data, recreate: bool = True) -> None:
@@ -108,11 +88,7 @@ class FileSystemCheckpointStorage(CheckpointStorage):
 
     def _write_bytes(self, full: str, data) -> None:
         """One file's bytes, on the disk before it returns (``fsync``); makes no directory."""
-        with open(full, "wb") as f:
-            f.write(data)
-            if self.fsync:
-                f.flush()
-                os.fsync(f.fileno())
+        atomic.write_local(full, data, self.fsync)
 
     def _mkdir(self, directory: str) -> None:
         """One directory, never its parents."""
@@ -124,7 +100,7 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             raise self._deleted(directory) from None
         else:
             if self.fsync:
-                _fsync_dir(os.path.dirname(directory))
+                atomic.fsync_dir(os.path.dirname(directory))
         self._made_dirs.add(directory)
 
     def _deleted(self, directory: str) -> StoreDeleted:
@@ -142,7 +118,7 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         if self._local:
             self._write_local(full, data, recreate)
             if self.fsync:
-                _fsync_dir(os.path.dirname(full))
+                atomic.fsync_dir(os.path.dirname(full))
         else:
             # other directory filesystems (HDFS, sftp, …) make parents on write: look before writing
             if not recreate and not self._object_store and not self.fs.isdir(self._base):
@@ -151,48 +127,23 @@ class FileSystemCheckpointStorage(CheckpointStorage):
 
     def commit_record(self, version: int, name: str, data: bytes, *, recreate: bool = True) -> None:
         final = self._full(record_path(version, name))
-        if self._object_store:
-            self.fs.pipe_file(final, data)
-            return
-        tmp = f"{final}.tmp-{secrets.token_hex(6)}"
+        directory = os.path.dirname(final)
+        write_temporary = None
+        if self._local:
+            # recreate: a commit makes a deleted chk-N/ again; else chk-N/ held the manifest, so a missing
+            # one was deleted since and is never made again
+            write_temporary = self._write_local if recreate else self._write_bytes
+        elif not self._object_store:
+            if recreate:
+                self.fs.makedirs(directory, exist_ok=True)
+            elif not self.fs.isdir(directory):
+                raise self._deleted(directory)
         try:
-            if self._local:
-                try:
-                    if recreate:
-                        self._write_local(tmp, data)
-                    else:   # chk-N/ held the manifest: a missing one was deleted since, never made again
-                        self._write_bytes(tmp, data)
-                    os.replace(tmp, final)
-                except FileNotFoundError:
-                    if recreate:
-                        raise
-                    raise self._deleted(os.path.dirname(final)) from None
-                if self.fsync:
-                    _fsync_dir(os.path.dirname(final))
-            else:
-                if recreate:
-                    self.fs.makedirs(os.path.dirname(final), exist_ok=True)
-                elif not self.fs.isdir(os.path.dirname(final)):
-                    raise self._deleted(os.path.dirname(final))
-                self.fs.pipe_file(tmp, data)
-                self._rename_over(tmp, final)
-        except BaseException:
-            try:
-                self.fs.rm_file(tmp)
-            except (FileNotFoundError, OSError):
-                pass
-            raise
-
-    def _rename_over(self, tmp: str, final: str) -> None:
-        try:
-            self.fs.mv(tmp, final)
-        except (FileExistsError, OSError):
-            if not self.fs.exists(tmp):
-                return   # the move happened and only its reply failed: `final` is ours, never remove it
-            if not self.fs.exists(final):
+            atomic.replace_file(self.fs, final, data, fsync=self.fsync, write_temporary=write_temporary)
+        except FileNotFoundError:
+            if recreate or not self._local:
                 raise
-            self.fs.rm_file(final)   # HDFS-like: rename does not replace
-            self.fs.mv(tmp, final)
+            raise self._deleted(directory) from None
 
     # ------------------------------------------------------------- reading
 
@@ -247,7 +198,7 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             out[version] = ":".join(str(s) for s in stamp)
         return out
 
-    def list_files(self, prefix: str = "shared") -> list[str]:
+    def list_files(self, prefix: str = SHARED_DIR) -> list[str]:
         base = self._full(prefix.strip("/"))
         try:
             found = self.fs.find(base)
@@ -276,14 +227,3 @@ class FileSystemCheckpointStorage(CheckpointStorage):
                 pass
             log.debug("deleted %s", self._full(path))
 
-
-def _fsync_dir(directory: str) -> None:
-    """Makes a directory's entries (a new or renamed file) durable."""
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    except FileNotFoundError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -6,9 +6,9 @@ Two guards keep that from losing state silently:
 * every file is limited to ``memory_max_state_size`` bytes (a snapshot is the
   whole state): a bigger one fails with ``StateTooLarge`` naming the size, the
   limit and the fix, instead of letting executor memory grow unnoticed;
-* with a metadata URL, each manifest is also written there durably. A later
-  process that finds a durable manifest but no data raises ``StateLost``
-  instead of restoring an empty state.
+* with a metadata storage (``memory.metadataDir``), each manifest is also
+  written there durably. A later process that finds a durable manifest but
+  no data raises ``StateLost`` instead of restoring an empty state.
 
 Files live in a module-level registry keyed by the store's root, so every
 instance for the same root in this process sees the same files.
@@ -22,8 +22,10 @@ from typing import Iterable, Sequence
 
 from spark_state.errors import StateLost, StateTooLarge, VersionNotFound
 from spark_state.options import PREFIX
-from spark_state.storage.base import MANIFEST_NAME, CheckpointStorage, file_version, manifest_path, record_path, version_dir_of
-from spark_state.storage.filesystem import FileSystemCheckpointStorage
+from spark_state.storage.base import CheckpointStorage
+from spark_state.storage.layout import (
+    MANIFEST_NAME, SHARED_DIR, file_version, manifest_path, record_path, version_dir_of,
+)
 
 _REGISTRY: dict[str, dict[str, bytes]] = {}
 _REGISTRY_LOCK = threading.Lock()
@@ -45,10 +47,15 @@ def _mib(n: int) -> str:
 class MemoryCheckpointStorage(CheckpointStorage):
     kind = "memory"
 
-    def __init__(self, root: str, max_state_size: int, metadata_url: str | None = None):
+    def __init__(self, root: str, max_state_size: int, metadata: CheckpointStorage | str | None = None):
+        """`metadata`: a durable storage (or its URL) that gets a copy of every manifest (``memory.metadataDir``)."""
         super().__init__(root)
         self.max_state_size = max_state_size
-        self.metadata = FileSystemCheckpointStorage(metadata_url) if metadata_url else None
+        if isinstance(metadata, str):
+            from spark_state.storage import durable_storage   # the registry picks the backend
+
+            metadata = durable_storage(metadata)
+        self.metadata = metadata
 
     @property
     def _files(self) -> dict[str, bytes]:
@@ -137,7 +144,7 @@ class MemoryCheckpointStorage(CheckpointStorage):
                 out[version] = f"mem:{len(data)}:{zlib.crc32(data):08x}"
         return out
 
-    def list_files(self, prefix: str = "shared") -> list[str]:
+    def list_files(self, prefix: str = SHARED_DIR) -> list[str]:
         prefix = prefix.strip("/") + "/"
         return sorted(p for p in list(self._files) if p.startswith(prefix))
 

@@ -71,7 +71,7 @@ def write_frame(stream: BinaryIO, header: dict, body: "bytes | memoryview | pa.B
 
 def _wire_batches(table: pa.Table) -> tuple[pa.Schema, list[pa.RecordBatch]]:
     """What goes on the socket: opaque rows as CHANGES_SCHEMA batches, typed rows as they are."""
-    from spark_state.snapshot import CHANGES_SCHEMA, binary_batches, is_typed
+    from spark_state.format.tables import CHANGES_SCHEMA, binary_batches, is_typed
 
     if table.schema != CHANGES_SCHEMA and table.schema.names == CHANGES_SCHEMA.names and not is_typed(table):
         return CHANGES_SCHEMA, list(binary_batches(table))   # wide offsets: the JVM reads 32-bit ones

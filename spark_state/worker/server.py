@@ -44,21 +44,21 @@ def settings_of(header: dict) -> Settings:
 
 def store_ref_of(header: dict):
     """The StoreRef a request names; without a query id (readers) the checkpoint's metadata supplies it."""
-    from spark_state.identity import query_id_of
-    from spark_state.state import StoreRef
+    from spark_state.spark.files import read_query_id
+    from spark_state.storage.layout import DEFAULT_STORE, StoreRef
 
     store = header.get("store")
     if not isinstance(store, dict):
         raise ProtocolError(f"request {header.get('op')!r} needs a 'store' object")
     try:
         spark_root = str(store["sparkRoot"])
-        query_id = store.get("queryId") or query_id_of(spark_root)
+        query_id = store.get("queryId") or read_query_id(spark_root)
         return StoreRef(
             spark_root=spark_root,
             location=str(store["location"]),
             operator=int(store["operator"]),
             partition=int(store["partition"]),
-            name=str(store.get("name") or "default"),
+            name=str(store.get("name") or DEFAULT_STORE),
             query_id=str(query_id) if query_id else None,
         )
     except (KeyError, TypeError, ValueError) as err:
@@ -118,34 +118,24 @@ class Dispatcher:
         return {"ok": True}, b""
 
     def _store(self, header):
-        from spark_state.state import open_store
+        from spark_state.chain import open_store
 
         return open_store(store_ref_of(header), settings_of(header))
 
     def op_commit(self, header, body):
-        from spark_state.snapshot import is_typed
-        from spark_state.state import CHANGES_SCHEMA, UNCHECKED
+        from spark_state.chain import UNCHECKED
+        from spark_state.format.tables import CHANGES_SCHEMA
 
         version = _int_field(header, "version")
         changes = ipc_to_table(body) if body else CHANGES_SCHEMA.empty_table()
-        if changes.schema != CHANGES_SCHEMA and not ("key" in changes.column_names and is_typed(changes)):
-            try:
-                changes = changes.select(CHANGES_SCHEMA.names).cast(CHANGES_SCHEMA)
-            except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
-                raise ProtocolError(f"commit body has schema {changes.schema}, expected {CHANGES_SCHEMA} or typed "
-                                    f"struct key and value columns: {err}") from None
-        if header.get("repeatedKeys"):
-            # The shim's change log, written as the batch ran, may name a key more than once: the last row wins.
-            from spark_state.rowkeys import last_per_key
-
-            changes = last_per_key(changes)
         base = header["baseCommitId"] if "baseCommitId" in header else UNCHECKED
         started = time.perf_counter()
         store = self._store(header)
         result = store.commit(version, changes, base_commit_id=base,
                               min_versions_to_retain=_optional_int(header, "minVersionsToRetain"),
-                              full=bool(header.get("full", False)))
-        return {"ok": True, "bytes": result.bytes_written, "files": result.files, "commitId": result.commit_id,
+                              full=bool(header.get("full", False)), repeated_keys=bool(header.get("repeatedKeys")))
+        # "files": what a commit writes, a data file and a manifest (a field of protocol 1, kept for the shim)
+        return {"ok": True, "bytes": result.bytes_written, "files": 2, "commitId": result.commit_id,
                 "ms": round((time.perf_counter() - started) * 1000, 3), **_maintenance_status(store)}, b""
 
     def op_load(self, header, body):
@@ -234,13 +224,11 @@ class _Connection(socketserver.StreamRequestHandler):
     def _respond(dispatcher, header, body):
         try:
             return dispatcher.handle(header, body)
-        except SparkStateError as err:
+        except SparkStateError as err:   # OptionError included
             return {"ok": False, "kind": type(err).__name__, "error": str(err)}, b""
-        except ValueError as err:  # OptionError is a ValueError
-            kind = type(err).__name__ if type(err).__name__ == "OptionError" else "InternalError"
-            if kind == "InternalError":
-                log.exception("request %s failed", header.get("op"))
-            return {"ok": False, "kind": kind, "error": str(err)}, b""
+        except ValueError as err:
+            log.exception("request %s failed", header.get("op"))
+            return {"ok": False, "kind": "InternalError", "error": str(err)}, b""
         except Exception as err:
             log.exception("request %s failed", header.get("op"))
             return {"ok": False, "kind": "InternalError",

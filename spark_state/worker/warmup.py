@@ -1,7 +1,7 @@
 """Work a new worker does once, in the background, right after it is ready.
 
 The worker answers requests as soon as its socket listens; the modules that
-commits and loads need (state, snapshot, storages, pyarrow's compute and IPC
+commits and loads need (the chain, the data file format, storages, pyarrow's compute and IPC
 kernels, zstd) are imported lazily, which would otherwise put ~0.5 s of
 imports and first-call set-up inside the first commit or restore of every new
 executor. ``warm_up`` pays that while the JVM is still busy elsewhere. It is
@@ -28,9 +28,11 @@ def warm_up() -> float:
     started = time.perf_counter()
     import pyarrow as pa
 
-    from spark_state import identity, snapshot, state  # noqa: F401 - the imports are the point
+    from spark_state import chain
+    from spark_state.format import datafile
     from spark_state.keygroups import key_groups_of
-    from spark_state.storage import filesystem, memory  # noqa: F401
+    from spark_state.spark import files  # noqa: F401 - the imports are the point
+    from spark_state.storage import directory, filesystem, memory  # noqa: F401
     from spark_state.worker.protocol import ipc_to_table, table_to_ipc
 
     key = pa.struct([("k", pa.int64())])
@@ -43,9 +45,9 @@ def warm_up() -> float:
         "value": pa.array([{"v": 1, "s": "a"}, {"v": 2, "s": "b"}, None], value),
     })
     rows = ipc_to_table(table_to_ipc(rows).to_pybytes())              # the commit's request body
-    encoded = snapshot.encode(rows.filter(rows.column("value").is_valid()))   # a commit's file
-    base = snapshot.decode(encoded.data, "warm-up", 64)
-    state.merge_chain([base, rows], ordered=False)                    # a restore of a chain
+    encoded = datafile.encode(rows.filter(rows.column("value").is_valid()))   # a commit's file
+    base = datafile.decode(encoded.data, "warm-up", 64)
+    chain.merge_chain([base, rows], ordered=False)                    # a restore of a chain
     return time.perf_counter() - started
 
 

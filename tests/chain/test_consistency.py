@@ -14,13 +14,14 @@ import stat
 import pyarrow as pa
 import pytest
 
-from spark_state import snapshot
+from spark_state.chain import VersionedStore, forget_stores, merge_chain, open_store
 from spark_state.errors import ProtocolError, StaleState, StorageError
-from spark_state.identity import query_id_of
-from spark_state.manifest import CompactionRecord, Manifest
+from spark_state.format import datafile as snapshot, tables
+from spark_state.format.manifest import CompactionRecord, Manifest
 from spark_state.options import Settings
-from spark_state.state import StoreRef, VersionedStore, forget_stores, merge_chain, open_store
-from spark_state.storage import FileSystemCheckpointStorage, resolve_root
+from spark_state.spark.files import read_query_id as query_id_of
+from spark_state.storage.filesystem import FileSystemCheckpointStorage
+from spark_state.storage.layout import StoreRef, resolve_root
 from tests.support.changes import KEYS, M, changes, checked_dict
 from tests.support.stores import assert_files_of_kept_versions_exist, store_on
 
@@ -188,11 +189,11 @@ def test_retention_runs_when_compaction_fails_and_failures_are_reported(root):
 def test_merge_and_encode_go_past_32_bit_offsets():
     """Defect 4 (2 GiB): merging works on 64-bit offsets and files are written in 32-bit batches."""
     base = changes({KEYS[0]: b"a", KEYS[1]: b"b"})
-    wide = snapshot.widen(changes({KEYS[1]: None, KEYS[2]: b"c"}))
-    merged = merge_chain([snapshot.widen(base), wide])
-    assert merged.schema == snapshot.CHANGES_SCHEMA, "narrowed back where it fits"
+    wide = tables.widen(changes({KEYS[1]: None, KEYS[2]: b"c"}))
+    merged = merge_chain([tables.widen(base), wide])
+    assert merged.schema == tables.CHANGES_SCHEMA, "narrowed back where it fits"
     assert checked_dict(merged) == {KEYS[0]: b"a", KEYS[2]: b"c"}
-    encoded = snapshot.encode(snapshot.widen(merged))
+    encoded = snapshot.encode(tables.widen(merged))
     assert checked_dict(snapshot.decode(encoded.data, "wide")) == {KEYS[0]: b"a", KEYS[2]: b"c"}
 
 
@@ -278,7 +279,7 @@ def test_changes_schema_errors_stay_protocol_errors(root):
 
 def test_idle_stores_are_evicted_from_a_long_lived_worker(tmp_path, monkeypatch):
     """Defect 6: a worker serving query after query must not keep every store object forever."""
-    import spark_state.state as state
+    import spark_state.chain.registry as state
 
     forget_stores()
     settings = Settings(max_parallelism=M)

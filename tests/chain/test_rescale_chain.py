@@ -15,12 +15,13 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from spark_state.chain import forget_stores, open_store
+from spark_state.chain.references import REFS_DIR, Reference, referenced_elsewhere, write_reference
+from spark_state.format.manifest import Manifest, ManifestFormat
 from spark_state.keygroups import combine_residues, slice_key_groups
 from spark_state.lifecycle.rescale import plan_rescale, source_manifest
-from spark_state.manifest import PLAIN_FORMAT, SLICED_FORMAT, Manifest
 from spark_state.options import Settings
-from spark_state.references import REFS_DIR, Reference, referenced_elsewhere, write_reference
-from spark_state.state import StoreRef, forget_stores, open_store
+from spark_state.storage.layout import StoreRef
 from tests.support.changes import changes_table
 
 int32 = st.integers(-(2**31), 2**31 - 1)
@@ -164,10 +165,10 @@ def test_rescaled_manifests_are_format_3_and_plain_ones_stay_format_2(tmp):
     model, ids = Model(), {}
     model.commit_all(ckpt, 2, 1, {b"a": (1, b"1"), b"b": (2, b"2")}, ids)
     plain = Manifest.from_json(ckpt.store(0).storage.read_manifest(1), "m")
-    assert plain.format == PLAIN_FORMAT == 2 and b"modulus" not in ckpt.store(0).storage.read_manifest(1)
+    assert plain.format == ManifestFormat.PLAIN == 2 and b"modulus" not in ckpt.store(0).storage.read_manifest(1)
     ckpt.rescale(2, 3, 1)
     sliced = Manifest.from_json(ckpt.store(2).storage.read_manifest(2), "m")
-    assert sliced.format == SLICED_FORMAT == 3 and all(f.partition in (0, 1) for f in sliced.files)
+    assert sliced.format == ManifestFormat.SLICED == 3 and all(f.partition in (0, 1) for f in sliced.files)
     assert sliced.query_id == "q1"
 
 
@@ -227,7 +228,7 @@ def test_an_unreadable_reference_record_keeps_every_file_while_its_referrer_may_
     holder = ckpt.store(1).storage
     [record] = holder.list_files(REFS_DIR)
     holder.write_file(record, b"{torn")   # a rescale that crashed mid-record
-    siblings = ckpt.store(1)._sibling
+    siblings = ckpt.store(1).reader.sibling
     assert referenced_elsewhere(holder, 1, siblings) is None   # partition 0 names files of 1: delete nothing
     for v in (3, 4, 5):
         ckpt.store(1).commit(v, table({}, 16), base_commit_id=ckpt.store(1).load_checked(v - 1).commit_id)

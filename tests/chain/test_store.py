@@ -16,11 +16,13 @@ from spark_state.errors import (
     ChecksumMismatch, MaxParallelismChanged, ProtocolError, StateLost, StateTooLarge,
     VersionNotFound,
 )
+from spark_state.chain import VersionedStore, forget_stores, merge_chain, open_store
+from spark_state.format.manifest import CompactionRecord, Manifest
 from spark_state.keygroups import key_groups_of
-from spark_state.manifest import CompactionRecord, Manifest
 from spark_state.options import Settings
-from spark_state.state import StoreRef, VersionedStore, forget_stores, merge_chain, open_store
-from spark_state.storage import FileSystemCheckpointStorage, MemoryCheckpointStorage, clear_registry
+from spark_state.storage.filesystem import FileSystemCheckpointStorage
+from spark_state.storage.layout import StoreRef
+from spark_state.storage.memory import MemoryCheckpointStorage, clear_registry
 from tests.support.changes import HASHES, KEYS, M, changes, checked_dict
 from tests.support.stores import assert_files_of_kept_versions_exist, store_on
 
@@ -276,7 +278,7 @@ def test_compaction_leaves_a_checkpoint_deleted_meanwhile_deleted(tmp_path, monk
     """A stopped query's checkpoint (or part of it) deleted while its worker still compacts: the compaction
     gives up quietly and nothing comes back on disk. Re-creating shared/ made the user's rm -rf fail
     ("Directory not empty") and left a stray tree in the next run's checkpoint."""
-    import spark_state.state as state_module
+    import spark_state.chain.compaction as state_module
 
     root = tmp_path / "ckpt"
     store_dir = root / "state" / "0" / "1"
@@ -311,20 +313,20 @@ def test_compaction_leaves_a_checkpoint_deleted_meanwhile_deleted(tmp_path, monk
 @contextmanager
 def directory_fsync_fails_once_in_place(monkeypatch, record: Path):
     """The directory fsync after `record` was renamed into place raises EIO: the rename itself landed."""
-    import spark_state.storage.filesystem as filesystem
+    import spark_state.storage.atomic as filesystem
 
-    fsync_dir = filesystem._fsync_dir
+    fsync_dir = filesystem.fsync_dir
 
     def failing(directory):
         if Path(directory) == record.parent and record.exists():
             raise OSError(5, "Input/output error")
         fsync_dir(directory)
 
-    monkeypatch.setattr(filesystem, "_fsync_dir", failing)
+    monkeypatch.setattr(filesystem, "fsync_dir", failing)
     try:
         yield
     finally:
-        monkeypatch.setattr(filesystem, "_fsync_dir", fsync_dir)
+        monkeypatch.setattr(filesystem, "fsync_dir", fsync_dir)
 
 
 def test_a_compaction_record_that_became_visible_keeps_its_snapshot_when_the_write_then_fails(tmp_path, monkeypatch):

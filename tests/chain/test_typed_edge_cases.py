@@ -7,10 +7,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from spark_state import snapshot
+from spark_state.chain import VersionedStore
+from spark_state.format import tables
 from spark_state.keygroups import key_groups_of
 from spark_state.options import Settings
-from spark_state.state import VersionedStore
 from tests.support.changes import M
 from tests.support.paths import FIXTURES
 from tests.support.stores import store_on
@@ -39,7 +39,7 @@ def _big_rows(lo: int, hi: int) -> pa.Table:
     return pa.table({"kg": pa.array(key_groups_of(hashes, M)), "hash": pa.array(hashes),
                      "key": pa.StructArray.from_arrays([pa.array(np.arange(lo, hi))], fields=list(BIG_KEY)),
                      "value": pa.StructArray.from_arrays([strings], fields=list(BIG_VALUE))},
-                    schema=snapshot.typed_schema(BIG_KEY, BIG_VALUE))
+                    schema=tables.typed_schema(BIG_KEY, BIG_VALUE))
 
 
 @pytest.mark.slow
@@ -77,7 +77,8 @@ def test_export_keeps_the_values_of_repeated_struct_field_names(tmp_path):
 
     import pyarrow.parquet as pq
 
-    from spark_state.checkpoint import SparkCheckpoint, StoreId
+    from spark_state.spark.checkpoint import SparkCheckpoint
+    from spark_state.storage.layout import StoreId
     from spark_state.lifecycle.export import export
 
     ckpt_dir = tmp_path / "ckpt"
@@ -93,7 +94,7 @@ def test_export_keeps_the_values_of_repeated_struct_field_names(tmp_path):
                                           fields=list(value))
         rows = pa.table({"kg": pa.array(key_groups_of(hashes, store.settings.max_parallelism)),
                          "hash": pa.array(hashes), "key": pa.array([{"k": "a"}, {"k": "b"}], key), "value": vals},
-                        schema=snapshot.typed_schema(key, value))
+                        schema=tables.typed_schema(key, value))
         store.commit(at + 1, rows, full=True)
 
     out = tmp_path / "out"
@@ -117,7 +118,7 @@ def test_a_chain_across_a_renamed_field_inside_an_array_keeps_its_values(tmp_pat
         hashes = np.array([h], dtype=np.int32)
         return pa.table({"kg": pa.array(key_groups_of(hashes, M)), "hash": pa.array(hashes),
                          "key": pa.array([{"k": k}], key), "value": pa.array([v], value_type)},
-                        schema=snapshot.typed_schema(key, value_type))
+                        schema=tables.typed_schema(key, value_type))
 
     store = _store(tmp_path, snapshot_interval=1)
     c1 = store.commit(1, rows("a", 1, {"n": 1, "events": [{"a": 7, "b": "x"}]}, old_value))
@@ -164,9 +165,9 @@ def test_a_chain_keyed_by_a_year_month_interval_merges():
     failed (KeyError), though the data was on disk."""
     import base64
 
-    from spark_state.state import merge_chain
+    from spark_state.chain import merge_chain
 
     changes = pa.ipc.open_stream(pa.py_buffer(base64.b64decode("".join(YEAR_MONTH_CHANGES)))).read_all()
-    assert snapshot.is_typed(changes) and changes.num_rows == 2
+    assert tables.is_typed(changes) and changes.num_rows == 2
     merged = merge_chain([changes, changes])   # a snapshot and a delta that rewrites both keys
     assert merged.num_rows == 2

@@ -12,10 +12,11 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from spark_state import snapshot, state
+from spark_state.chain import merge as state, merge_chain
 from spark_state.errors import ProtocolError
-from spark_state.manifest import SNAPSHOT, TYPED_FORMAT, Manifest
-from spark_state.state import CHANGES_SCHEMA, merge_chain
+from spark_state.format import datafile as snapshot, tables
+from spark_state.format.manifest import SNAPSHOT, Manifest, ManifestFormat
+from spark_state.format.tables import CHANGES_SCHEMA
 from tests.support.changes import M, opaque_changes, typed_changes
 from tests.support.stores import store_on
 
@@ -28,7 +29,7 @@ KEY = pa.struct([("user", pa.string()), ("window", pa.struct([("start", pa.times
 VALUE = pa.struct([("total", pa.int64()), ("price", pa.decimal128(20, 4)), ("name", pa.string()),
                    ("state", pa.struct([("n", pa.int64()), ("seen", pa.timestamp("us", "UTC"))])),
                    ("timeoutTimestamp", pa.int64())])
-SCHEMA = snapshot.typed_schema(KEY, VALUE)
+SCHEMA = tables.typed_schema(KEY, VALUE)
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
 users = st.sampled_from(["a", "b", "", "ü", None])
@@ -115,7 +116,7 @@ def test_typed_file_round_trip_and_key_group_subsets(state, wanted, target, arri
     rnd.shuffle(rows)
     t = table(rows)
     enc = snapshot.encode(t, -3 if arrival_order else 3, target_batch_bytes=target, arrival_order=arrival_order)
-    assert enc.file_format == snapshot.TYPED_FORMAT and enc.rows == len(state)
+    assert enc.file_format == snapshot.FileFormat.TYPED and enc.rows == len(state)
     snapshot.check_whole(enc.data, "f", enc.size, enc.checksum)
     assert "kg" not in pa.ipc.open_stream(pa.py_buffer(enc.data)).schema.names, "kg is derived, not stored"
     full = snapshot.decode(enc.data, "f", M)
@@ -148,7 +149,7 @@ def test_a_format_1_chain_becomes_typed_by_one_full_commit_and_typed_manifests_a
             store.commit(3, table([a]), base_commit_id=c2.commit_id)
         c3 = store.commit(3, table([a, b]), base_commit_id=c2.commit_id, full=True)
         manifest = Manifest.from_json(store.storage.read_manifest(3), "m")
-        assert manifest.format == TYPED_FORMAT and len(manifest.files) == 1
+        assert manifest.format == ManifestFormat.TYPED and len(manifest.files) == 1
         assert manifest.files[0].kind == SNAPSHOT and manifest.files[0].typed
         assert Manifest.from_json(store.storage.read_manifest(2), "m").format == 2, "format-1 chains keep format 2"
         c4 = store.commit(4, table([(a[0], None)]), base_commit_id=c3.commit_id)
@@ -160,7 +161,7 @@ def test_a_format_1_chain_becomes_typed_by_one_full_commit_and_typed_manifests_a
 
 
 def test_read_state_names_repeated_struct_fields_apart_and_keeps_their_values():
-    from spark_state.reading import _as, _unique_names
+    from spark_state.lifecycle.reading import as_table_of as _as, unique_names as _unique_names
 
     value = pa.StructArray.from_arrays([pa.array([1, 2]), pa.array([3, 4]), pa.array(["x", "y"])],
                                        fields=[pa.field("sum", pa.int64()), pa.field("sum", pa.int64()),

@@ -43,7 +43,7 @@ def supported(options: dict) -> dict:
     Only ``file_grace_period`` (issue 9) may be missing; code without it deletes
     unreferenced files at once, which is what ``0`` asks for.
     """
-    from spark_state.spark_config import KEYWORDS
+    from spark_state.spark.config import KEYWORDS
 
     unknown = set(options) - set(KEYWORDS)
     if unknown - {"file_grace_period"}:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from spark_state.errors import SparkStateError, VersionNotFound
-from spark_state.manifest import CompactionRecord, Manifest
+from spark_state.format.manifest import CompactionRecord, Manifest
 from tests.support.stores import open_stored, store_root
 from tests.support.waiting import wait_until
 

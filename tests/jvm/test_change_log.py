@@ -21,7 +21,7 @@ def test_a_batch_changing_keys_twice_commits_each_keys_last_change(tmp_path):
     expected = "1=12/v12,2=21/v21,5=51/v51"
     assert lines.get("LIVE") == expected and lines.get("LOADED") == expected, (out.stdout, out.stderr[-3000:])
 
-    from spark_state import snapshot
+    from spark_state.format import datafile as snapshot
     from spark_state.options import DEFAULT_MAX_PARALLELISM
 
     files = sorted(p for p in (tmp_path / "ckpt").rglob("*.arrow") if "snapshot" in p.name or "delta" in p.name)

@@ -77,7 +77,7 @@ def test_standalone_cluster_with_packed_venv_and_state_on_s3_survives_restart(wh
     archive = tmp_path / "environment.tar.gz"
     wheel_env.run([tmp_path / "venv" / "bin" / "venv-pack", "-p", tmp_path / "venv", "-o", archive],
                   log=tmp_path / "venv-pack.log")
-    jar = subprocess.run([python, "-m", "spark_state.shim", "path"], capture_output=True, text=True,
+    jar = subprocess.run([python, "-m", "spark_state.spark.shim", "path"], capture_output=True, text=True,
                          check=True).stdout.strip()
 
     env = wheel_env.jre_env(tmp_path)

@@ -1,4 +1,4 @@
-"""Building and locating the JVM shim jar (spark_state.shim). JVM behaviour is tested elsewhere."""
+"""Building and locating the JVM shim jar (spark_state.spark.shim). JVM behaviour is tested elsewhere."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_state import shim
+from spark_state.spark import shim
 
 needs_jdk = pytest.mark.skipif(shutil.which("javac") is None or shutil.which("jar") is None,
                                reason="needs a JDK 17 (javac, jar)")
@@ -20,7 +20,7 @@ needs_jdk = pytest.mark.skipif(shutil.which("javac") is None or shutil.which("ja
 @pytest.fixture
 def shim_copy(tmp_path, monkeypatch):
     """A private copy of jvm-shim/ sources, so tests never touch the repository's build."""
-    src = Path(shim.__file__).resolve().parent.parent / "jvm-shim" / "src"
+    src = Path(shim.__file__).resolve().parents[2] / "jvm-shim" / "src"
     root = tmp_path / "jvm-shim"
     shutil.copytree(src, root / "src")
     monkeypatch.setattr(shim, "shim_dir", lambda: root)
@@ -76,12 +76,12 @@ def test_missing_javac_says_install_jdk17(shim_copy, monkeypatch):
 
 
 def test_build_false_without_jar_is_a_clear_error(shim_copy):
-    with pytest.raises(shim.ShimBuildError, match="python -m spark_state.shim build"):
+    with pytest.raises(shim.ShimBuildError, match="python -m spark_state.spark.shim build"):
         shim.shim_jar(build=False)
 
 
 def test_missing_sources_is_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(shim, "__file__", str(tmp_path / "spark_state" / "shim.py"))
+    monkeypatch.setattr(shim, "__file__", str(tmp_path / "spark_state" / "spark" / "shim.py"))
     with pytest.raises(shim.ShimBuildError, match="editable"):
         shim.shim_dir()
 
@@ -114,7 +114,7 @@ def test_packaged_jar_is_used_without_compiling(shim_copy, monkeypatch, tmp_path
     package = tmp_path / "site" / "spark_state"
     (package / "jars").mkdir(parents=True)
     (package / "jars" / "spark-state-shim.jar").write_bytes(b"PK\x05\x06" + b"\0" * 18)
-    monkeypatch.setattr(shim, "__file__", str(package / "shim.py"))
+    monkeypatch.setattr(shim, "__file__", str(package / "spark" / "shim.py"))
     monkeypatch.setattr(shim.shutil, "which", lambda name: None)
     monkeypatch.delenv("JAVA_HOME", raising=False)
     assert shim.shim_jar() == package / "jars" / "spark-state-shim.jar"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import spark_state
-from spark_state.spark_config import MAINTENANCE_LISTENER
+from spark_state.spark.config import MAINTENANCE_LISTENER
 from tests.support import wheel_env
 from tests.support.paths import LOG4J, TESTS
 

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 import spark_state
-from spark_state.sparklog import CheckpointError
+from spark_state.errors import CheckpointError
 from tests.support.scenarios import JOIN_STORES, SCENARIOS
 from tests.support.spark import arrow_rows, sort_rows
 
@@ -78,7 +78,7 @@ def test_read_state_refuses_another_providers_checkpoint(scenario_run):
 
 
 def test_dictionary_columns_in_the_files_come_back_as_spark_types(spark, make_twin, tmp_path):
-    """Repeated strings are stored as Arrow dictionaries (spark_state.dictionaries); read_state, the restore
+    """Repeated strings are stored as Arrow dictionaries (spark_state.format.dictionaries); read_state, the restore
     into the JVM (a restart) and Spark's statestore reader all see plain strings."""
     from pyspark.sql import functions as F
 

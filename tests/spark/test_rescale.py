@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spark_state import PROVIDER_CLASS
-from spark_state import rescale as top_level_rescale
-from spark_state.checkpoint import SparkCheckpoint, StoreId
+from spark_state import PROVIDER_CLASS, rescale as top_level_rescale
+from spark_state.chain.references import REFS_DIR
+from spark_state.errors import CheckpointError
+from spark_state.format.manifest import ManifestFormat
 from spark_state.lifecycle import rescale, restore, savepoint
-from spark_state.manifest import TYPED_FORMAT
-from spark_state.references import REFS_DIR
-from spark_state.sparklog import CheckpointError
+from spark_state.spark.checkpoint import SparkCheckpoint
+from spark_state.storage.layout import StoreId
 from tests.support.lifecycle import cli, cli_json
 from tests.support.scenarios import SCENARIOS
 from tests.support.spark import JsonStream, Query, Twin, rm_rf, statestore_rows
@@ -158,7 +158,7 @@ def test_cli_rescale_then_the_query_runs_with_the_new_count(finished, tmp_path):
     code, checked = cli_json("validate", ckpt)
     assert code == 0 and checked["ok"] and not checked["problems"]
     code, store = cli_json("inspect", ckpt, "-o", "0", "-p", "2")
-    assert store["version"] == 3 and store["format"] == TYPED_FORMAT and store["rows"] > 0   # sliced, typed files
+    assert store["version"] == 3 and store["format"] == ManifestFormat.TYPED and store["rows"] > 0   # sliced, typed files
     assert {f.get("partition") for f in store["chain"]} == {0, 1}
     assert "in partition 1's store" in cli("inspect", ckpt, "-o", "0", "-p", "2").stdout
     done = cli("rescale", ckpt, "1")

@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 
 from spark_state import PROVIDER_CLASS
-from spark_state.errors import ChecksumMismatch, VersionNotFound
+from spark_state.errors import CheckpointError, ChecksumMismatch, VersionNotFound
 from spark_state.lifecycle import read_savepoint, restore, savepoint
 from spark_state.options import PREFIX
-from spark_state.sparklog import CheckpointError
 from tests.support.scenarios import SCENARIOS, run_scenario
 from tests.support.spark import Query, rm_rf, sql_conf
 

@@ -14,8 +14,8 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 import pyarrow as pa
 
+from spark_state.format.tables import CHANGES_SCHEMA, typed_schema
 from spark_state.options import DEFAULT_MAX_PARALLELISM
-from spark_state.snapshot import CHANGES_SCHEMA, typed_schema
 
 #: The key-group count of the store tests: small, so a few keys cover every key group and collide.
 M = 16

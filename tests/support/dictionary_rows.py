@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from spark_state import snapshot
+from spark_state.format import tables
 from spark_state.keygroups import key_groups_of
 
 M = 64
@@ -16,7 +16,7 @@ VALUE = pa.struct([("country", pa.string()), ("blob", pa.binary()),
                    ("inner", pa.struct([("page", pa.string()), ("clicks", pa.int64()),
                                         ("deep", pa.struct([("tag", pa.large_string())]))])),
                    ("note", pa.string())])
-SCHEMA = snapshot.typed_schema(KEY, VALUE)
+SCHEMA = tables.typed_schema(KEY, VALUE)
 
 
 def make_table(rows: int, distinct: int, seed: int, *, null_share: float = 0.1, deletes: bool = False) -> pa.Table:

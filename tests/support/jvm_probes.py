@@ -20,7 +20,7 @@ OPENS = ["--add-opens=java.base/java.nio=ALL-UNNAMED", "--add-opens=java.base/su
 def probe_command(source: str, main_class: str, classes: Path, *jvm_options: str, heap: str = "512m") -> list[str]:
     """Compiles tests/jvm/<source> into ``classes`` and returns the command that runs ``main_class``
     (skips the test without a JDK)."""
-    from spark_state import shim
+    from spark_state.spark import shim
 
     if shutil.which("javac") is None:
         pytest.skip("needs a JDK 17")

@@ -19,7 +19,7 @@ from pathlib import Path
 def main(argv: list[str]) -> int:
     workdir, mode = Path(argv[1]), argv[2]
     import spark_state
-    from spark_state.spark_config import ShimNotLoaded
+    from spark_state.spark.config import ShimNotLoaded
     from tests.support.spark import spark_builder
 
     plain = spark_builder("notebook: plain session first").getOrCreate()

@@ -29,7 +29,7 @@ from pyspark.sql import DataFrame, Row, SparkSession
 
 from spark_state import PROVIDER_CLASS
 from spark_state.options import PREFIX
-from spark_state.spark_config import KEYWORDS, option_conf
+from spark_state.spark.config import KEYWORDS, option_conf
 from tests.support.paths import LOG4J, pythonpath_with_root
 
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"

@@ -6,10 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from spark_state.chain import VersionedStore, forget_stores, open_store
+from spark_state.format.manifest import CompactionRecord, Manifest
 from spark_state.options import Settings
-from spark_state.state import StoreRef, VersionedStore, forget_stores, open_store
-from spark_state.manifest import CompactionRecord, Manifest
-from spark_state.storage import FileSystemCheckpointStorage
+from spark_state.storage.filesystem import FileSystemCheckpointStorage
+from spark_state.storage.layout import StoreRef
 from tests.support.changes import M
 
 

@@ -5,9 +5,9 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from spark_state import snapshot
 from spark_state.errors import ChecksumMismatch, FormatVersionError
-from spark_state.snapshot import CHANGES_SCHEMA
+from spark_state.format import datafile as snapshot, tables
+from spark_state.format.tables import CHANGES_SCHEMA
 from tests.support.changes import changes_table
 
 M = 64
@@ -79,7 +79,7 @@ def test_subset_reads_only_its_batches():
 
 
 def test_empty_file_and_empty_key_groups():
-    enc = snapshot.encode(snapshot.empty_table())
+    enc = snapshot.encode(tables.empty_table())
     assert snapshot.decode(enc.data, "f").num_rows == 0
     assert snapshot.read_key_groups(RangeRecorder(enc.data), "f", enc.index_offset, enc.index_length,
                                     enc.index_checksum, np.array([1, 2], dtype=np.int32)).num_rows == 0
@@ -127,7 +127,7 @@ def test_truncated_file_is_detected():
 
 def test_newer_file_format_is_refused():
     enc = snapshot.encode(make_table([(1, b"a", b"b")]))
-    newer = enc.data[:-1] + bytes([snapshot.FILE_FORMAT_VERSION + 1])
+    newer = enc.data[:-1] + bytes([snapshot.NEWEST_FILE_FORMAT + 1])
     with pytest.raises(FormatVersionError, match="newer"):
         snapshot.read_trailer(newer, "f")
 

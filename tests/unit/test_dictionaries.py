@@ -1,4 +1,4 @@
-"""Dictionary-encoded string columns in typed state files (spark_state.dictionaries): files hold them,
+"""Dictionary-encoded string columns in typed state files (spark_state.format.dictionaries): files hold them,
 every reader gets the plain types back, and files written without them still read."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from spark_state import dictionaries, snapshot
+from spark_state.format import datafile as snapshot, dictionaries
 from tests.support.dictionary_rows import M, SCHEMA, fixture_table, make_table, sorted_by_kg
 from tests.support.paths import FIXTURES
 
@@ -139,7 +139,7 @@ def test_a_typed_file_written_before_dictionaries_and_the_batch_index_still_read
     assert snapshot.decode(data, "v1", M).equals(t)
     for wanted in ([], [0], [5, 6, 7, 40], list(range(0, M, 2)), list(range(M))):
         sub = snapshot.read_key_groups(_fetch(data), "v1", offset, length, None, np.array(wanted, np.int32),
-                                       file_format=snapshot.TYPED_FORMAT, max_parallelism=M)
+                                       file_format=snapshot.FileFormat.TYPED, max_parallelism=M)
         assert sub.equals(t.filter(pa.array(np.isin(t.column("kg").to_numpy(), wanted))))
 
 

@@ -1,4 +1,4 @@
-"""The directory the lifecycle tools read and write (spark_state.location.Dir), on a local disk and on an
+"""The directory the lifecycle tools read and write (spark_state.storage.directory.Dir), on a local disk and on an
 fsspec memory filesystem: whole-file writes replace a file atomically and drop its stale Hadoop ``.crc``
 companion, reads of what is missing are empty rather than errors, and a location that is no URL is a clear
 error."""
@@ -11,7 +11,8 @@ import uuid
 import pytest
 
 from spark_state.errors import StorageError
-from spark_state.location import Dir, as_url, crc_companion
+from spark_state.storage.directory import Dir, crc_companion
+from spark_state.storage.urls import as_url
 
 
 @pytest.fixture(params=["local", "memory"])

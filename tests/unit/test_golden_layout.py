@@ -20,10 +20,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from spark_state import snapshot
-from spark_state.manifest import CompactionRecord, FileEntry, Manifest
+from spark_state.chain.references import Reference
+from spark_state.format import datafile as snapshot, tables
+from spark_state.format.manifest import CompactionRecord, FileEntry, Manifest
 from spark_state.options import Settings
-from spark_state.references import Reference
 from tests.support.paths import FIXTURES
 
 GOLDEN = FIXTURES / "golden"
@@ -33,7 +33,7 @@ M = 64
 # ----------------------------------------------------------------- store paths
 
 def _ref(**kw):
-    from spark_state.state import StoreRef
+    from spark_state.storage.layout import StoreRef
 
     base = dict(spark_root="file:/tmp/q/state", location="file:/tmp/q/state/0/3", operator=0, partition=3)
     base.update(kw)
@@ -61,13 +61,13 @@ ROOTS = [
 
 @pytest.mark.parametrize("what, fields, options, expected", ROOTS, ids=[r[0] for r in ROOTS])
 def test_store_roots_are_where_earlier_releases_put_them(what, fields, options, expected):
-    from spark_state.storage import resolve_root
+    from spark_state.storage.layout import resolve_root
 
     assert resolve_root(_ref(**fields), Settings(**options)) == expected
 
 
 def test_checkpoint_digest_is_stable():
-    from spark_state.storage import checkpoint_digest
+    from spark_state.storage.layout import checkpoint_digest
 
     assert checkpoint_digest("file:/tmp/q/state", "q-1") == "331c5c404dd7932f"
     assert checkpoint_digest("file:/tmp/q/state", None) == "1b674902bfc80563"
@@ -84,9 +84,10 @@ def test_siblings_of_a_rescaled_chain_are_spark_store_directories():
 @pytest.mark.parametrize("name", ["default", "left-keyToNumValues"])
 def test_the_tools_find_a_store_where_the_worker_writes_it(tmp_path, options, name):
     """The offline tools derive a store's root from the checkpoint directory; the worker from what Spark sends."""
-    from spark_state.checkpoint import StoreId, store_ref, store_root
-    from spark_state.location import Dir
-    from spark_state.storage import resolve_root
+    from spark_state.spark.checkpoint import store_ref, store_root
+    from spark_state.storage.layout import StoreId
+    from spark_state.storage.directory import Dir
+    from spark_state.storage.layout import resolve_root
 
     checkpoint = Dir(str(tmp_path / "ckpt"))
     sid = StoreId(2, 5, name)
@@ -100,7 +101,8 @@ def test_the_tools_find_a_store_where_the_worker_writes_it(tmp_path, options, na
 
 
 def test_data_file_names():
-    from spark_state.storage.base import CheckpointStorage, file_version, manifest_path, record_path
+    from spark_state.storage.base import CheckpointStorage
+    from spark_state.storage.layout import file_version, manifest_path, record_path
 
     path = CheckpointStorage.new_file_path(7, "delta")
     assert path.startswith("shared/v0000000007-delta-") and path.endswith(".arrow") and len(path) == len("shared/v0000000007-delta-") + 16 + len(".arrow")
@@ -159,7 +161,7 @@ def _opaque_rows() -> pa.Table:
     values = [None if i % 17 == 0 else b"v" * (i % 23) for i in range(300)]
     return pa.table({"kg": pa.array(np.mod(hashes, M).astype(np.int32)), "hash": pa.array(hashes),
                      "key": pa.array(keys, pa.binary()), "value": pa.array(values, pa.binary())},
-                    schema=snapshot.CHANGES_SCHEMA)
+                    schema=tables.CHANGES_SCHEMA)
 
 
 def _typed_rows() -> pa.Table:

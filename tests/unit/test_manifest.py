@@ -1,4 +1,4 @@
-"""The records that make a version visible (spark_state.manifest): a manifest and a compaction record read
+"""The records that make a version visible (spark_state.format.manifest): a manifest and a compaction record read
 back as written, verify their own checksum, carry the lowest format a reader needs, and refuse a newer
 format with FormatVersionError. (Their exact bytes: tests/unit/test_golden_layout.py; the store's use of
 them: tests/chain/.)"""
@@ -10,12 +10,13 @@ import json
 import pytest
 from hypothesis import given, strategies as st
 
+from spark_state.chain import VersionedStore
 from spark_state.errors import ChecksumMismatch, FormatVersionError
-from spark_state.manifest import (DELTA, FORMAT_VERSION, PLAIN_FORMAT, SLICED_FORMAT, SNAPSHOT, TYPED_FORMAT,
-                                  CompactionRecord, FileEntry, Manifest, _body_crc, format_of)
+from spark_state.format.manifest import (
+    DELTA, NEWEST_MANIFEST_FORMAT, SNAPSHOT, CompactionRecord, FileEntry, Manifest, ManifestFormat, _body_crc, format_of
+)
 from spark_state.options import Settings
-from spark_state.state import VersionedStore
-from spark_state.storage import FileSystemCheckpointStorage
+from spark_state.storage.filesystem import FileSystemCheckpointStorage
 from tests.support.changes import M, changes
 
 
@@ -41,15 +42,15 @@ def test_a_manifest_reads_back_as_written(files, rows, query_id):
 def test_a_compaction_record_reads_back_as_written():
     record = CompactionRecord(version=9, commit_id="c0ffee", snapshot=entry(9, SNAPSHOT))
     assert CompactionRecord.from_json(record.to_json(), "r") == record
-    assert record.format == PLAIN_FORMAT
+    assert record.format == ManifestFormat.PLAIN
 
 
 def test_the_format_is_the_lowest_a_reader_needs():
-    assert format_of([]) == PLAIN_FORMAT
-    assert format_of([entry(1, SNAPSHOT), entry(2)]) == PLAIN_FORMAT
-    assert format_of([entry(1, SNAPSHOT, **SLICE), entry(2)]) == SLICED_FORMAT
-    assert format_of([entry(1, SNAPSHOT, **SLICE), entry(2, file_format=2)]) == TYPED_FORMAT == FORMAT_VERSION
-    assert Manifest(version=2, max_parallelism=16, files=(entry(1, SNAPSHOT),), rows=1).format == PLAIN_FORMAT
+    assert format_of([]) == ManifestFormat.PLAIN
+    assert format_of([entry(1, SNAPSHOT), entry(2)]) == ManifestFormat.PLAIN
+    assert format_of([entry(1, SNAPSHOT, **SLICE), entry(2)]) == ManifestFormat.SLICED
+    assert format_of([entry(1, SNAPSHOT, **SLICE), entry(2, file_format=2)]) == ManifestFormat.TYPED == NEWEST_MANIFEST_FORMAT
+    assert Manifest(version=2, max_parallelism=16, files=(entry(1, SNAPSHOT),), rows=1).format == ManifestFormat.PLAIN
 
 
 def test_a_plain_entry_writes_no_slice_or_file_format_fields():
@@ -97,11 +98,11 @@ def test_a_record_with_unknown_fields_is_refused_by_name():
         Manifest.from_json(json.dumps(body).encode(), "m")
 
 
-@pytest.mark.parametrize("fmt", [FORMAT_VERSION + 1, 99, "4"])
+@pytest.mark.parametrize("fmt", [NEWEST_MANIFEST_FORMAT + 1, 99, "4"])
 def test_a_newer_or_unknown_format_is_refused_before_anything_is_read(fmt):
     body = json.loads(CompactionRecord(version=2, commit_id="c", snapshot=entry(2, SNAPSHOT)).to_json())
     body["format"] = fmt
-    with pytest.raises(FormatVersionError, match=f"format version {fmt}, newer than the {FORMAT_VERSION}"):
+    with pytest.raises(FormatVersionError, match=f"format version {fmt}, newer than the {NEWEST_MANIFEST_FORMAT}"):
         CompactionRecord.from_json(json.dumps(body).encode(), "chk-2/_snapshot")
 
 

@@ -49,14 +49,14 @@ def test_spark_defaults_example_lists_every_option():
     text = (ROOT / "conf" / "spark-defaults.conf").read_text()
     for short in DESCRIPTIONS:
         assert PREFIX + short in text, f"conf/spark-defaults.conf does not show {short}"
-    from spark_state.spark_config import spark_conf
+    from spark_state.spark.config import spark_conf
 
     for key in spark_conf():  # the jar, the provider and the listener too (set, or shown commented out)
         assert re.search(rf"^(# )?{re.escape(key)}\s", text, re.M), f"conf/spark-defaults.conf does not show {key}"
 
 
 def test_configure_validates_before_spark_starts():
-    from spark_state.spark_config import option_conf, spark_conf
+    from spark_state.spark.config import option_conf, spark_conf
 
     assert option_conf(storage="memory", snapshot_interval=4) == {
         PREFIX + "storage": "memory", PREFIX + "snapshotInterval": "4"}

@@ -1,9 +1,9 @@
-"""Key equality of typed rows (spark_state.rowkeys): equal codes exactly for equal keys, whatever the leaves."""
+"""Key equality of typed rows (spark_state.chain.rowkeys): equal codes exactly for equal keys, whatever the leaves."""
 
 import pyarrow as pa
 from hypothesis import given, settings, strategies as st
 
-from spark_state.rowkeys import key_codes, last_per_key, last_write_mask
+from spark_state.chain.rowkeys import key_codes, last_per_key, last_write_mask
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
 KEY = pa.struct([("a", pa.int64()), ("b", pa.int32()), ("c", pa.string()), ("d", pa.uint64())])

@@ -8,9 +8,10 @@ import fsspec
 import pyarrow as pa
 import pytest
 
+from spark_state.chain import forget_stores, open_store
 from spark_state.errors import ChecksumMismatch, VersionNotFound
 from spark_state.options import Settings
-from spark_state.state import StoreRef, forget_stores, open_store
+from spark_state.storage.layout import StoreRef
 from tests.support import s3_server
 from tests.support.changes import as_dict, changes_table
 

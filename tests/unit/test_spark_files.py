@@ -1,4 +1,4 @@
-"""Spark's own checkpoint files as the lifecycle tools read and rewrite them (spark_state.sparklog): files
+"""Spark's own checkpoint files as the lifecycle tools read and rewrite them (spark_state.spark.files): files
 Spark 4.3 wrote (tests/fixtures/format1) parse, a rewrite keeps every line it does not change byte for byte,
 and anything else is a CheckpointError that says what is wrong."""
 
@@ -8,8 +8,10 @@ import json
 
 import pytest
 
-from spark_state.sparklog import (SHUFFLE_PARTITIONS, CheckpointError, OffsetSeq, OperatorMetadata, batch_of,
-                                  parse_commit, parse_query_id, query_metadata)
+from spark_state.errors import CheckpointError
+from spark_state.spark.files import (
+    SHUFFLE_PARTITIONS, OffsetSeq, OperatorMetadata, batch_of, parse_commit, parse_query_id, query_metadata,
+)
 from tests.support.paths import FIXTURES
 
 #: A checkpoint Spark 4.3 wrote (an aggregation, 3 batches, 2 partitions).

@@ -6,11 +6,11 @@ import pytest
 
 from spark_state.errors import StateLost, StateTooLarge, StorageError, StoreDeleted, VersionNotFound
 from spark_state.options import OptionError, Settings
-from spark_state.state import StoreRef
-from spark_state.storage import (
-    FileSystemCheckpointStorage, MemoryCheckpointStorage, clear_registry, normalize_url, resolve_root, storage_for,
-)
-from spark_state.storage.base import file_version, format_versions
+from spark_state.storage import storage_for
+from spark_state.storage.filesystem import FileSystemCheckpointStorage
+from spark_state.storage.layout import StoreRef, file_version, format_versions, resolve_root
+from spark_state.storage.memory import MemoryCheckpointStorage, clear_registry
+from spark_state.storage.urls import normalize_url
 
 
 @pytest.fixture(params=["file", "memory-fs", "memory"])

@@ -35,9 +35,9 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  run_state_machine_as_test)
 
 from spark_state.errors import VersionNotFound
-from spark_state.manifest import CompactionRecord, Manifest
-from spark_state.storage import FileSystemCheckpointStorage
-from spark_state.storage.base import file_version
+from spark_state.format.manifest import CompactionRecord, Manifest
+from spark_state.storage.filesystem import FileSystemCheckpointStorage
+from spark_state.storage.layout import file_version
 from spark_state.worker.protocol import ipc_to_table, table_to_ipc
 from tests.support import s3_server
 from tests.support.changes import M, KEYS as HASHED_KEYS, as_dict, changes

@@ -10,15 +10,15 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from spark_state import snapshot
 from spark_state.errors import ProtocolError
+from spark_state.format import tables
 from spark_state.worker.protocol import IpcBody, ipc_to_table, read_frame, table_to_ipc, write_frame
 from tests.support.changes import changes_table
 
 KEY = pa.struct([("user", pa.string()), ("n", pa.int64())])
 VALUE = pa.struct([("total", pa.int64()), ("name", pa.string()), ("seen", pa.timestamp("us", "UTC")),
                    ("inner", pa.struct([("x", pa.float64()), ("tags", pa.list_(pa.int32()))]))])
-SCHEMA = snapshot.typed_schema(KEY, VALUE)
+SCHEMA = tables.typed_schema(KEY, VALUE)
 
 keys = st.fixed_dictionaries({"user": st.none() | st.text(max_size=6), "n": st.integers(-2**63, 2**63 - 1)})
 values = st.none() | st.fixed_dictionaries({
@@ -62,12 +62,12 @@ def test_streamed_typed_rows_are_exactly_the_announced_bytes(rows, cuts):
 def test_streamed_opaque_rows_go_out_with_32_bit_offsets(rows, wide, cuts):
     table = changes_table([0] * len(rows), [k for k, _ in rows], [v for _, v in rows])
     if wide:
-        table = snapshot.widen(table)
+        table = tables.widen(table)
     table = _chunked(table, cuts)
     announced, data = _streamed(table)
     assert announced == len(data)
     assert data == table_to_ipc(table).to_pybytes()
-    assert ipc_to_table(data).schema == snapshot.CHANGES_SCHEMA
+    assert ipc_to_table(data).schema == tables.CHANGES_SCHEMA
 
 
 def test_a_frame_with_a_streamed_body_reads_back_as_one_frame():

@@ -156,7 +156,7 @@ def test_a_change_log_naming_a_key_twice_keeps_the_last_row(worker, tmp_path):
     """The shim appends each put/remove to its change log as it happens: with ``repeatedKeys`` a key may be in it
     more than once (updated twice, put then removed, removed then put) and the last row wins; the delta file
     still holds one row per key."""
-    from spark_state import snapshot
+    from spark_state.format import datafile as snapshot
     from spark_state.options import DEFAULT_MAX_PARALLELISM
 
     conn = worker.connect()

@@ -6,6 +6,7 @@ import sys
 from typing import Any
 
 from spark_state import PROVIDER_CLASS
+from spark_state.errors import ShimNotLoaded
 from spark_state.options import PREFIX, Settings
 
 _PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
@@ -50,7 +51,7 @@ def spark_conf(**options: Any) -> dict[str, str]:
 
     Values are validated here, so a bad value fails before Spark starts.
     """
-    from spark_state.shim import shim_jar
+    from spark_state.spark.shim import shim_jar
 
     options.setdefault("python", sys.executable)
     conf = option_conf(**options)
@@ -145,9 +146,6 @@ def ensure_driver_classpath(session, jar: str) -> None:
             f"would fail with ClassNotFoundException: {PROVIDER_CLASS}. Fix: restart the Python process "
             "(in a notebook: restart the kernel) and call spark_state.configure(builder) before the first "
             "SparkSession is created, or start Spark with --jars set to that jar "
-            "(python -m spark_state.shim path prints it)."
+            "(python -m spark_state.spark.shim path prints it)."
         )
 
-
-class ShimNotLoaded(RuntimeError):
-    """The running Spark driver cannot load the spark_state provider class."""

@@ -10,7 +10,8 @@ against the jars of the installed ``pyspark`` (no Maven, no Scala compiler) into
 One jar serves Spark 4.0 to 4.3 (see jvm-shim/.../SparkCompat.java); other versions are refused
 here, before Spark starts, with a message naming the supported ones.
 
-``python -m spark_state.shim build`` builds (if needed) and prints the jar path.
+``python -m spark_state.spark.shim build`` builds (if needed) and prints the jar path. This module
+imports nothing but the standard library and ``spark_state.errors``: setup.py uses it to build wheels.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from spark_state.errors import ShimBuildError, UnsupportedSparkVersion
+
 __all__ = ["ShimBuildError", "UnsupportedSparkVersion", "SUPPORTED_SPARK", "shim_jar", "shim_dir",
            "packaged_jar", "spark_version", "spark_jars_dir", "check_spark_version", "build_jar"]
 
@@ -30,22 +33,19 @@ SUPPORTED_SPARK = ("4.0", "4.1", "4.2", "4.3")
 PACKAGED_JAR = Path("jars") / "spark-state-shim.jar"
 
 
-class ShimBuildError(RuntimeError):
-    """The shim jar cannot be built; the message says why and how to fix it."""
-
-
-class UnsupportedSparkVersion(ShimBuildError):
-    """The installed pyspark is not one the shim supports."""
+def _package() -> Path:
+    """The spark_state package directory (this module is spark_state/spark/shim.py)."""
+    return Path(__file__).resolve().parent.parent
 
 
 def packaged_jar() -> Path:
     """Where a wheel install keeps the prebuilt jar (it may not exist: source trees build it)."""
-    return Path(__file__).resolve().parent / PACKAGED_JAR
+    return _package() / PACKAGED_JAR
 
 
 def shim_dir() -> Path:
     """The ``jvm-shim/`` source directory next to the package (source tree / editable install)."""
-    path = Path(__file__).resolve().parent.parent / "jvm-shim"
+    path = _package().parent / "jvm-shim"
     if not (path / "src" / "main" / "java").is_dir():
         raise ShimBuildError(
             f"spark_state: this installation has neither the prebuilt JVM shim jar ({packaged_jar()}) "
@@ -175,7 +175,7 @@ def shim_jar(build: bool = True) -> Path:
                 return jar
             raise ShimBuildError(
                 f"spark_state: the JVM shim jar {jar} has not been built for Spark {spark_version()}; "
-                "run `python -m spark_state.shim build` (or `make shim`)."
+                "run `python -m spark_state.spark.shim build` (or `make shim`)."
             )
         build_jar(sources, jar, root / "build")
     return jar
@@ -184,7 +184,7 @@ def shim_jar(build: bool = True) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args not in (["build"], ["path"]):
-        print("usage: python -m spark_state.shim build|path", file=sys.stderr)
+        print("usage: python -m spark_state.spark.shim build|path", file=sys.stderr)
         return 2
     try:
         jar = shim_jar(build=args[0] == "build")

@@ -7,10 +7,11 @@ A batch is restorable when Spark committed it (``commits/b``), its offsets
 are still logged (``offsets/b``) and every store still has version ``b + 1``
 (retention keeps ``spark.sql.streaming.minBatchesToRetain`` of them).
 
-Stores live in Spark's state directory of each store
-(``state/<op>/<partition>[/<storeName>]``) unless the query set
-``checkpointRoot``; then pass the same option in ``settings`` so the tools
-look where the worker wrote.
+Stores live where the worker put them (README.md, "Checkpoint layout"): in
+Spark's state directory of each store unless the query set ``checkpointRoot``;
+then pass the same option in ``settings`` so the tools look where the worker
+wrote. The tools open a store with the worker's own factory
+(``spark_state.chain.registry``), so both read one store the same way.
 """
 
 from __future__ import annotations
@@ -20,54 +21,27 @@ from functools import cached_property
 from typing import Mapping
 
 from spark_state import PROVIDER_CLASS
-from spark_state.errors import SparkStateError, VersionNotFound
-from spark_state.location import Dir
-from spark_state.manifest import Manifest
-from spark_state.options import PREFIX, Settings
-from spark_state.sparklog import (
-    PROVIDER_CLASS_CONF, SHUFFLE_PARTITIONS, STATE_PARTITIONS, CheckpointError, OffsetSeq, OperatorMetadata,
-    batch_of, parse_commit, parse_query_id,
+from spark_state.chain import VersionedStore, open_store
+from spark_state.errors import CheckpointError, SparkStateError, VersionNotFound
+from spark_state.format.manifest import Manifest
+from spark_state.options import PREFIX, Settings, settings_from
+from spark_state.spark.files import (
+    PROVIDER_CLASS_CONF, SHUFFLE_PARTITIONS, STATE_PARTITIONS, OffsetSeq, OperatorMetadata, batch_of, parse_commit,
+    parse_query_id,
 )
-from spark_state.state import StoreRef, VersionedStore
-from spark_state.storage import resolve_root, storage_for
-from spark_state.storage.base import manifest_path
-
-DEFAULT_STORE = "default"
-#: Names inside a store directory that belong to spark_state (everything else there is Spark's).
-STORE_ENTRIES = ("chk-", "shared", "refs")
-
-
-@dataclass(frozen=True, order=True)
-class StoreId:
-    """One state store of a query: (operator, partition, store name)."""
-
-    operator: int
-    partition: int
-    name: str = DEFAULT_STORE
-
-    def __str__(self) -> str:
-        return f"operator {self.operator}, partition {self.partition}" + (
-            "" if self.name == DEFAULT_STORE else f", store {self.name}")
-
-    @property
-    def rel(self) -> str:
-        """Spark's directory of this store relative to the checkpoint: ``state/<op>/<p>[/<name>]``."""
-        return f"state/{self.operator}/{self.partition}" + ("" if self.name == DEFAULT_STORE else f"/{self.name}")
+from spark_state.storage.directory import Dir
+from spark_state.storage.layout import DEFAULT_STORE, STORE_ENTRIES, StoreId, StoreRef, format_versions, resolve_root
 
 
 @dataclass(frozen=True)
 class Operator:
+    """A stateful operator of the query: from Spark's operator metadata where it wrote one, else (name
+    "unknown") from the store directories on disk."""
+
     id: int
     name: str
     stores: tuple[str, ...]
     metadata: OperatorMetadata | None
-
-
-def settings_from(options: Mapping[str, str] | Settings | None) -> Settings:
-    """Settings from spark_state options (full Spark keys or short names), or defaults."""
-    if isinstance(options, Settings):
-        return options
-    return Settings.from_conf(dict(options or {}))
 
 
 def spark_state_root(checkpoint: Dir) -> str:
@@ -80,8 +54,7 @@ def spark_state_root(checkpoint: Dir) -> str:
 
 def store_ref(checkpoint: Dir, sid: StoreId, query_id: str | None = None) -> StoreRef:
     """The StoreRef the worker gets for `sid` of the query (`query_id`) whose checkpointLocation is `checkpoint`."""
-    return StoreRef(spark_root=spark_state_root(checkpoint), location=checkpoint.url_of(sid.rel),
-                    operator=sid.operator, partition=sid.partition, name=sid.name, query_id=query_id)
+    return StoreRef.of(spark_state_root(checkpoint), sid, query_id)
 
 
 def store_root(checkpoint: Dir, sid: StoreId, settings: Settings, query_id: str | None = None) -> str:
@@ -145,7 +118,7 @@ class SparkCheckpoint:
             return OffsetSeq.parse(self.dir.read(rel), self.dir.url_of(rel))
         except FileNotFoundError:
             raise CheckpointError(f"{self.dir.url_of(rel)} is missing: batch {batch} is not in the offset log "
-                                  f"(batches logged: {_ranges(self.offset_batches)}).") from None
+                                  f"(batches logged: {format_versions(self.offset_batches)}).") from None
 
     def commit(self, batch: int) -> dict:
         rel = f"commits/{batch}"
@@ -153,7 +126,7 @@ class SparkCheckpoint:
             return parse_commit(self.dir.read(rel), self.dir.url_of(rel))
         except FileNotFoundError:
             raise CheckpointError(f"batch {batch} of {self.dir.url} was not committed (no {rel}); committed "
-                                  f"batches: {_ranges(self.committed_batches)}.") from None
+                                  f"batches: {format_versions(self.committed_batches)}.") from None
 
     def num_partitions(self, batch: int) -> int:
         """The state partition count Spark pinned for `batch` (the internal conf where set, else shuffle partitions)."""
@@ -187,7 +160,7 @@ class SparkCheckpoint:
             raise CheckpointError(f"batch {batch} is negative; batches start at 0.")
         if batch not in self.committed_batches:
             raise CheckpointError(f"batch {batch} of {self.dir.url} is not committed; committed batches still "
-                                  f"logged: {_ranges(self.committed_batches)}.")
+                                  f"logged: {format_versions(self.committed_batches)}.")
         return batch
 
     # ------------------------------------------------------------- operators and stores
@@ -241,7 +214,8 @@ class SparkCheckpoint:
         return self.query_id
 
     def store(self, sid: StoreId) -> VersionedStore:
-        """The store as the worker would open it, with the max parallelism its manifests record.
+        """The store as the worker opens it (not cached: the tools' view is always fresh), with the max
+        parallelism its manifests record.
 
         Memory storage cannot be read from another process: a clear error says so.
         """
@@ -251,21 +225,16 @@ class SparkCheckpoint:
                 f"so it cannot be read, copied or rescaled from outside. Use storage=filesystem for state you "
                 f"want to operate on."
             )
-        ref = self.store_ref(sid)
-        storage = storage_for(ref, self.settings)
-        settings = self.settings
-        versions = storage.list_versions()
-        if versions:
-            manifest = Manifest.from_json(storage.read_manifest(versions[-1]), f"{storage.root}/{manifest_path(versions[-1])}")
-            settings = replace(settings, max_parallelism=manifest.max_parallelism)
-        # A rescaled chain names files of other partitions' stores: the store reads them as the worker does.
-        return VersionedStore(storage, settings, name=f"{storage.root} ({sid})", query_id=ref.query_id,
-                              partition=sid.partition, siblings=lambda p: storage_for(ref.sibling(p), self.settings))
+        store = open_store(self.store_ref(sid), self.settings, cached=False)
+        latest = store.latest_version()
+        if latest is not None:   # the tools are not given the query's maxParallelism: its manifests say it
+            recorded = store.reader.read_manifest(latest).max_parallelism
+            store.update_settings(replace(self.settings, max_parallelism=recorded))
+        return store
 
     def manifest(self, sid: StoreId, version: int) -> Manifest:
-        store = self.store(sid)
         try:
-            return store._read_manifest(version)
+            return self.store(sid).reader.read_manifest(version)
         except VersionNotFound as err:
             raise VersionNotFound(f"{err} {self.where_hint()}") from None
 
@@ -305,9 +274,3 @@ class SparkCheckpoint:
             if ok:
                 out.append(b)
         return out
-
-
-def _ranges(values: list[int]) -> str:
-    from spark_state.storage.base import format_versions
-
-    return format_versions(values)

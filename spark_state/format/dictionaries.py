@@ -10,7 +10,7 @@ bytes per row; ``sessions`` pages and countries: 4.0 and 3.0 -> 0.5).
 when its distinct values are at most half its rows (``MAX_DISTINCT_SHARE``) and the file has at least
 ``MIN_ROWS`` rows (a dictionary message costs a few hundred bytes). It encodes the whole table before
 it is cut into record batches, so every batch shares one dictionary and the Arrow IPC stream holds it
-once, right after the schema (``spark_state.snapshot`` relies on that: a key-group subset read decodes
+once, right after the schema (``spark_state.format.datafile`` relies on that: a key-group subset read decodes
 its batches with the stream's head, schema and dictionaries). Deciding costs a sample's distinct count
 for columns of unique strings (ids, names), so they pay no full hash pass.
 

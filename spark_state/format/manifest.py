@@ -9,8 +9,11 @@ retention can tell which files a kept version needs from its manifest alone.
 The manifest carries a CRC-32 of its own canonical body: a torn or edited
 manifest fails with ``ChecksumMismatch`` instead of restoring wrong state.
 
-Format 4 names typed state files (``file_format`` 2 in an entry, see
-``spark_state.snapshot``); a format-3 reader refuses it with
+Each record is written in the lowest ``ManifestFormat`` that describes it,
+so older readers read what they can and refuse the rest:
+
+Format 4 names typed data files (``file_format`` 2 in an entry, see
+``spark_state.format.datafile``); a format-3 reader refuses it with
 ``FormatVersionError`` instead of taking typed columns for row bytes.
 
 Format 3 (written only by a rescale, see ``spark_state.lifecycle.rescale``)
@@ -30,19 +33,26 @@ import secrets
 import time
 import zlib
 from dataclasses import asdict, dataclass, field
+from enum import IntEnum
 
 from spark_state.errors import ChecksumMismatch, FormatVersionError
+from spark_state.format.datafile import EncodedFile, FileFormat
 
-#: Bumped when a reader of the previous version could misread a new manifest.
-#: 2: manifests name the query (``query_id``); compaction records (``chk-N/_snapshot``).
-#: 3: slices (a rescaled chain names other partitions' files, see the module docstring).
-#: 4: typed state files (entries with ``file_format`` 2, see spark_state.snapshot), with or without slices.
-FORMAT_VERSION = 4
-SLICED_FORMAT = 3
-TYPED_FORMAT = 4
-#: Manifests without slices or typed files, and their compaction records, keep format 2, byte for byte what
-#: format-2 readers read.
-PLAIN_FORMAT = 2
+
+class ManifestFormat(IntEnum):
+    """A manifest's (or compaction record's) format: bumped when a reader of the previous one could misread it."""
+
+    #: manifests name the query (``query_id``); compaction records (``chk-N/_snapshot``). Manifests without
+    #: slices or typed files keep it, byte for byte what format-2 readers read.
+    PLAIN = 2
+    #: slices (a rescaled chain names other partitions' files, see the module docstring)
+    SLICED = 3
+    #: typed data files (entries with ``file_format`` 2), with or without slices
+    TYPED = 4
+
+
+#: The newest manifest format this code reads.
+NEWEST_MANIFEST_FORMAT = ManifestFormat.TYPED
 
 SNAPSHOT = "snapshot"
 DELTA = "delta"
@@ -65,12 +75,19 @@ class FileEntry:
     partition: int | None = None   # the file is in the store of this partition (same operator and store name)
     modulus: int | None = None     # only the rows with pmod(hash, modulus) == residue
     residue: int | None = None
-    #: spark_state.snapshot's file format: 1 opaque UnsafeRow bytes, 2 typed columns (only written when 2)
-    file_format: int = 1
+    #: the data file's FileFormat (only written when not OPAQUE)
+    file_format: int = FileFormat.OPAQUE
+
+    @classmethod
+    def written(cls, path: str, kind: str, version: int, encoded: EncodedFile) -> "FileEntry":
+        """The entry of a data file just encoded (and about to be written) at `path`."""
+        return cls(path=path, kind=kind, version=version, size=encoded.size, checksum=encoded.checksum,
+                   rows=encoded.rows, index_offset=encoded.index_offset, index_length=encoded.index_length,
+                   index_checksum=encoded.index_checksum, file_format=encoded.file_format)
 
     @property
     def typed(self) -> bool:
-        return self.file_format >= 2
+        return self.file_format >= FileFormat.TYPED
 
     @property
     def is_slice(self) -> bool:
@@ -86,7 +103,7 @@ class FileEntry:
         for name in _SLICE_FIELDS:
             if body[name] is None:
                 del body[name]
-        if body["file_format"] == 1:
+        if body["file_format"] == FileFormat.OPAQUE:
             del body["file_format"]
         return body
 
@@ -105,7 +122,7 @@ class Manifest:
     #: Spark's query id (``<checkpointLocation>/metadata``): the timeline this version belongs to
     query_id: str | None = None
     created_ms: int = field(default_factory=lambda: int(time.time() * 1000))
-    format: int = -1   # set from the files: PLAIN_FORMAT unless a file is a slice
+    format: int = -1   # set from the files: the lowest ManifestFormat that describes them
 
     def __post_init__(self):
         if self.format == -1:
@@ -170,11 +187,11 @@ class CompactionRecord:
             raise ChecksumMismatch(f"compaction record {name} has unexpected fields ({err}).") from None
 
 
-def format_of(files) -> int:
+def format_of(files) -> ManifestFormat:
     """The lowest manifest format that can describe `files` (older readers refuse what they cannot read)."""
     if any(f.typed for f in files):
-        return TYPED_FORMAT
-    return SLICED_FORMAT if any(f.is_slice for f in files) else PLAIN_FORMAT
+        return ManifestFormat.TYPED
+    return ManifestFormat.SLICED if any(f.is_slice for f in files) else ManifestFormat.PLAIN
 
 
 def _dump(body: dict) -> bytes:
@@ -189,9 +206,9 @@ def _load(data: bytes, what: str) -> dict:
         fmt = body["format"]
     except (ValueError, TypeError, KeyError):
         raise ChecksumMismatch(f"{what} is not valid JSON or lacks its format; it is corrupted or truncated.") from None
-    if not isinstance(fmt, int) or fmt > FORMAT_VERSION:
+    if not isinstance(fmt, int) or fmt > NEWEST_MANIFEST_FORMAT:
         raise FormatVersionError(
-            f"{what} has format version {fmt}, newer than the {FORMAT_VERSION} this spark_state "
+            f"{what} has format version {fmt}, newer than the {int(NEWEST_MANIFEST_FORMAT)} this spark_state "
             f"reads; it was written by a newer spark_state. Upgrade spark_state on the executors (or restore "
             f"with the version that wrote the checkpoint)."
         )

@@ -1,4 +1,4 @@
-"""Spark's own checkpoint files, as far as the lifecycle tools read or write them.
+"""Spark's own checkpoint files, as far as spark_state reads or writes them.
 
 Facts from Spark 4.3 (``HDFSMetadataLog`` and its subclasses):
 
@@ -13,7 +13,12 @@ Facts from Spark 4.3 (``HDFSMetadataLog`` and its subclasses):
 - ``commits/<batch>``: ``v1`` then a JSON line (``nextBatchWatermarkMs``).
 - ``sources/<i>/<n>`` (and compacted ``<n>.compact``): the source's own log;
   for the file source ``<n>`` is its ``logOffset``, not the query's batch.
-- ``metadata``: one JSON object, ``{"id": <query id>}``.
+- ``metadata``: one JSON object, ``{"id": <query id>}``, written when the
+  checkpoint is created. The query id is the checkpoint's identity: a
+  deleted checkpoint started again at the same path gets a new one, which is
+  how spark_state tells the two timelines apart (docs/consistency.md, rule 1).
+  A running query's tasks tell the shim the id; readers without a query
+  (Spark's ``statestore`` source, the tools) read it here (``read_query_id``).
 - ``state/<op>/_metadata/metadata``: operator metadata v1, ``v1`` then a JSON
   line naming the operator, its stores and their partition count.
 
@@ -27,17 +32,13 @@ import json
 import re
 from dataclasses import dataclass, replace
 
-from spark_state.errors import SparkStateError
+from spark_state.errors import CheckpointError, SparkStateError
 
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 STATE_PARTITIONS = "spark.sql.streaming.internal.stateStore.partitions"
 PROVIDER_CLASS_CONF = "spark.sql.streaming.stateStore.providerClass"
 
 _BATCH_FILE = re.compile(r"^(\d+)(\.compact)?$")
-
-
-class CheckpointError(SparkStateError):
-    """A Spark checkpoint directory the tools cannot use as asked; the message says why and what to do."""
 
 
 def batch_of(name: str) -> int | None:
@@ -130,11 +131,29 @@ def parse_commit(data: bytes, name: str) -> dict:
 
 
 def parse_query_id(data: bytes, name: str) -> str:
+    """The query id in the bytes of a ``metadata`` file; CheckpointError when there is none."""
     meta = _json(b"".join(data.splitlines()).decode("utf-8", "replace"), name)
     query_id = meta.get("id")
     if not isinstance(query_id, str) or not query_id:
         raise CheckpointError(f"{name} has no query id; it is corrupted.")
     return query_id
+
+
+def read_query_id(spark_root: str) -> str | None:
+    """The query id of the checkpoint whose state directory is `spark_root` (what Spark hands the provider),
+    or None when it has none that can be read: the lenient reader, for the worker serving a request
+    without a query id (a reader, an old shim), which then keys its stores without one."""
+    from spark_state.storage.directory import Dir
+    from spark_state.storage.urls import normalize_url
+
+    try:
+        state_dir = normalize_url(spark_root).rstrip("/")
+        if not state_dir.endswith("/state"):
+            return None
+        checkpoint = Dir(state_dir[: -len("/state")])
+        return parse_query_id(checkpoint.read("metadata"), checkpoint.url_of("metadata"))
+    except (SparkStateError, OSError, ValueError):
+        return None
 
 
 def query_metadata(query_id: str) -> bytes:

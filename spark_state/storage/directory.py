@@ -1,36 +1,24 @@
 """A directory on any fsspec filesystem, addressed by relative paths: what the lifecycle tools
 (inspect, validate, savepoint, restore, rescale) read and write outside the worker.
 
-Two things about Spark's checkpoint files live here because every tool needs
-them: a rewritten file replaces the old one atomically where the filesystem
-allows (temporary file + rename on a local disk, one PUT on an object store),
-and it drops the Hadoop checksum companion (``.<name>.crc``) of the file it
-replaces: Hadoop's local filesystem verifies a ``.crc`` when it exists and
-reads the file unverified when it does not, so a stale companion would make
-Spark refuse a correct file.
+Writes are durable on local disks and a rewritten file replaces the old one
+atomically where the filesystem allows (``spark_state.storage.atomic``, the
+worker's records' implementation): restore, savepoint and rescale write
+checkpoints a query will run on. A rewrite also drops the Hadoop checksum
+companion (``.<name>.crc``) of the file it replaces: Hadoop's local
+filesystem verifies a ``.crc`` when it exists and reads the file unverified
+when it does not, so a stale companion would make Spark refuse a correct file.
 """
 
 from __future__ import annotations
 
-import os
 import posixpath
-import secrets
 
 import fsspec
-from fsspec.implementations.local import LocalFileSystem
 
 from spark_state.errors import StorageError
-from spark_state.storage import normalize_url
-
-
-def as_url(text: str) -> str:
-    """A user's location as an fsspec URL: relative and absolute local paths become file:// URLs."""
-    text = str(text).strip()
-    if not text:
-        raise StorageError("empty location; give a path or a URL such as file:///data/ckpt or s3://bucket/ckpt.")
-    if "://" not in text and not text.startswith("file:"):
-        text = os.path.abspath(os.path.expanduser(text))
-    return normalize_url(text).rstrip("/") or normalize_url(text)
+from spark_state.storage import atomic
+from spark_state.storage.urls import as_url
 
 
 def crc_companion(rel: str) -> str:
@@ -54,7 +42,7 @@ class Dir:
                 ) from None
         self.fs = fs
         self.base = base.rstrip("/") or "/"
-        self.local = isinstance(fs, LocalFileSystem)
+        self.local = atomic.is_local(fs)
 
     def __repr__(self) -> str:
         return f"Dir({self.url!r})"
@@ -116,32 +104,27 @@ class Dir:
 
     # ------------------------------------------------------------- writing
 
-    def write(self, rel: str, data: bytes) -> None:
-        """Writes a whole file atomically where the filesystem allows, dropping a stale ``.crc``."""
-        full = self.full(rel)
+    def _parent_of(self, full: str) -> None:
         parent = posixpath.dirname(full)
         if self.local:
-            os.makedirs(parent, exist_ok=True)
-            tmp = f"{parent}/.{posixpath.basename(full)}.{secrets.token_hex(6)}.tmp"
-            try:
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, full)
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
-        else:
-            self.fs.pipe_file(full, bytes(data))
+            atomic.make_dirs(parent, fsync=True)
+        elif not atomic.is_object_store(self.fs):
+            self.fs.makedirs(parent, exist_ok=True)
+
+    def write(self, rel: str, data: bytes) -> None:
+        """Writes a whole file atomically where the filesystem allows, durably, dropping a stale ``.crc``."""
+        full = self.full(rel)
+        self._parent_of(full)
+        atomic.replace_file(self.fs, full, data, fsync=True)
         self.delete(crc_companion(rel))
 
     def copy_in(self, rel: str, data: bytes) -> None:
-        """Writes a file that did not exist (no companion to drop): copies into a new location."""
+        """Writes a file that did not exist (no companion to drop), durably: copies into a new location."""
         full = self.full(rel)
+        self._parent_of(full)
         if self.local:
-            os.makedirs(posixpath.dirname(full), exist_ok=True)
-            with open(full, "wb") as f:
-                f.write(data)
+            atomic.write_local(full, data, fsync=True)
+            atomic.fsync_dir(posixpath.dirname(full))
         else:
             self.fs.pipe_file(full, bytes(data))
 

@@ -14,10 +14,11 @@ from typing import Iterable, Mapping
 
 import pyarrow as pa
 
-from spark_state.checkpoint import DEFAULT_STORE, SparkCheckpoint, StoreId, settings_from
-from spark_state.options import Settings
-from spark_state.snapshot import is_typed
-from spark_state.sparklog import CheckpointError
+from spark_state.errors import CheckpointError
+from spark_state.format.tables import cast_positional, is_typed
+from spark_state.options import Settings, settings_from
+from spark_state.spark.checkpoint import SparkCheckpoint
+from spark_state.storage.layout import DEFAULT_STORE, StoreId
 
 
 def read_state(checkpoint_location: str, operator: int = 0, store_name: str | None = None,
@@ -47,16 +48,17 @@ def read_state(checkpoint_location: str, operator: int = 0, store_name: str | No
         if not is_typed(state):
             raise CheckpointError(
                 f"{sid} of {ckpt.url} at batch {at} is stored in file format 1 (opaque UnsafeRow bytes): it cannot "
-                f"be read without Spark. If spark_state before 0.2 wrote it, run the query for one more batch with "
-                f"this spark_state (its first commit rewrites each store as typed files); if its state schema holds "
-                f"a type Spark's Arrow conversion cannot map (the executor log says so), it stays in format 1. "
+                f"be read without Spark. If a spark_state older than typed files wrote it, run the query for one more "
+                f"batch with this spark_state (its first commit rewrites each store as typed files); if its state "
+                f"schema holds a type Spark's Arrow conversion cannot map (the executor log says so), it stays in "
+                f"format 1. "
                 f"Either way spark.read.format('statestore') reads it.")
         tables.append(pa.table({"partition": pa.array([p] * state.num_rows, pa.int32()),
                                 "key": state.column("key"), "value": state.column("value")}))
     if not tables:
         raise CheckpointError("no partitions asked for; pass partitions=None for all of them.")
-    target = _unique_names(tables[-1].schema)
-    return pa.concat_tables([_as(t, target) for t in tables])
+    target = unique_names(tables[-1].schema)
+    return pa.concat_tables([as_table_of(t, target) for t in tables])
 
 
 def _store_name(ckpt: SparkCheckpoint, operator: int, store_name: str | None) -> str:
@@ -76,7 +78,7 @@ def _store_name(ckpt: SparkCheckpoint, operator: int, store_name: str | None) ->
     return store_name
 
 
-def _unique_names(schema: pa.Schema) -> pa.Schema:
+def unique_names(schema: pa.Schema) -> pa.Schema:
     """Struct fields renamed where Spark gave two the same name (``sum``, ``sum``: ``sum``, ``sum_2``), so that
     DuckDB, Polars and pandas can address each; values and order are unchanged."""
     fields = []
@@ -93,9 +95,6 @@ def _unique_names(schema: pa.Schema) -> pa.Schema:
     return pa.schema(fields)
 
 
-def _as(table: pa.Table, target: pa.Schema) -> pa.Table:
-    if table.schema == target:
-        return table
-    from spark_state.state import _cast_positional
-
-    return _cast_positional(table, target)
+def as_table_of(table: pa.Table, target: pa.Schema) -> pa.Table:
+    """`table` with `target`'s schema (one of unique_names' schemas): fields matched by position."""
+    return table if table.schema == target else cast_positional(table, target)

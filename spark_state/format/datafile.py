@@ -1,4 +1,7 @@
-"""The state file format: one (operator, partition, version)'s rows, by key group.
+"""The data file format: one version's rows of one store (a snapshot or a delta), by key group.
+
+(Over 400 lines on purpose: the spec, the writer and the reader of one byte layout stay in one module,
+so a change to the bytes is made, and reviewed, in one place.)
 
 A file is three parts, all little-endian, nothing pickled::
 
@@ -19,9 +22,9 @@ A file is three parts, all little-endian, nothing pickled::
              row range inside that batch
     trailer  u64 index offset, u64 index length, 8-byte magic
 
-Two row layouts, told apart by the file's magic and its manifest entry:
+Two row layouts (``FileFormat``), told apart by the file's magic and its manifest entry:
 
-* **format 2, typed** (written since spark_state 0.2): ``hash: int32``, ``key``
+* **format 2, typed** (what stores are written in): ``hash: int32``, ``key``
   and ``value`` as struct columns with the operator's key and value schemas,
   as Spark's own Arrow conversion (``ArrowWriter`` in the JVM shim) maps every
   Spark type. Any Arrow reader (pandas, DuckDB, Polars) can read the rows, and
@@ -29,14 +32,16 @@ Two row layouts, told apart by the file's magic and its manifest entry:
   not stored: it is ``pmod(hash, maxParallelism)``, recomputed on read (the
   index keeps it). A null ``value`` is a delete (only in deltas). A string or
   binary leaf whose values repeat (at most half as many distinct values as
-  rows) is stored as an Arrow dictionary column (``spark_state.dictionaries``:
+  rows) is stored as an Arrow dictionary column (``spark_state.format.dictionaries``:
   3-8x fewer bytes for such columns); readers get Spark's plain types back.
   Files without dictionaries (written before them) read the same way.
 * **format 1, opaque** (CHANGES_SCHEMA): ``kg``, ``hash`` and ``key``/``value``
-  as the bytes of Spark's ``UnsafeRow``s. Still read; still written for a store
-  whose schema Spark's Arrow conversion cannot map.
+  as the bytes of Spark's ``UnsafeRow``s. Still read (checkpoints written
+  before typed files); still written for a store whose schema Spark's Arrow
+  conversion cannot map.
 
-Tables in memory always carry ``kg`` first (typed files get it on read).
+Tables in memory (``spark_state.format.tables``) always carry ``kg`` first
+(typed files get it on read).
 
 The data part alone is a standard Arrow stream (``pyarrow.ipc.open_stream``
 reads a whole file and stops at the marker), so a full restore is one read
@@ -63,22 +68,19 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_state import dictionaries
 from spark_state.errors import ChecksumMismatch, FormatVersionError
-from spark_state.keygroups import key_group_order
-
-CHANGES_SCHEMA = pa.schema([("kg", pa.int32()), ("hash", pa.int32()), ("key", pa.binary()), ("value", pa.binary())])
-#: The same rows with 64-bit offsets: what a partition holding more than 2 GiB of keys and values is merged as.
-LARGE_SCHEMA = pa.schema([("kg", pa.int32()), ("hash", pa.int32()), ("key", pa.large_binary()),
-                          ("value", pa.large_binary())])
-#: Above this many key+value bytes a table is handled with 64-bit offsets (binary's limit is 2 GiB).
-_WIDEN_AT = 1 << 30
+from spark_state.format import dictionaries
+from spark_state.format.tables import (
+    CHANGES_SCHEMA, WIDEN_AT, conform, is_typed, payload_bytes, retyped, widen, widen_typed,
+)
+from spark_state.keygroups import key_group_order, key_groups_of
 
 INDEX_SCHEMA = pa.schema([
     ("kg", pa.int32()),
@@ -105,12 +107,19 @@ BATCH_INDEX_SCHEMA = pa.schema([
     ("rows", pa.int64()),
 ])
 
-#: Opaque UnsafeRow bytes (CHANGES_SCHEMA) and typed struct columns (see the module docstring).
-OPAQUE_FORMAT = 1
-TYPED_FORMAT = 2
-FILE_FORMAT_VERSION = TYPED_FORMAT
-MAGIC = b"SPKST\x00\x00\x02"  # last byte = file format version
-_MAGICS = {fmt: MAGIC[:-1] + bytes([fmt]) for fmt in (OPAQUE_FORMAT, TYPED_FORMAT)}
+
+
+class FileFormat(IntEnum):
+    """A data file's row layout (the last byte of its magic; ``file_format`` in its manifest entry)."""
+
+    OPAQUE = 1   # Spark's UnsafeRow bytes (CHANGES_SCHEMA)
+    TYPED = 2    # struct columns (see the module docstring)
+
+
+#: The newest data file format this code reads.
+NEWEST_FILE_FORMAT = FileFormat.TYPED
+MAGIC = b"SPKST\x00\x00\x02"  # last byte = file format
+_MAGICS = {fmt: MAGIC[:-1] + bytes([fmt]) for fmt in FileFormat}
 _TRAILER = struct.Struct("<QQ8s")
 TRAILER_SIZE = _TRAILER.size
 
@@ -138,121 +147,11 @@ class EncodedFile:
     index_offset: int
     index_length: int
     index_checksum: str
-    file_format: int = OPAQUE_FORMAT
+    file_format: int = FileFormat.OPAQUE
 
     @property
     def size(self) -> int:
         return len(self.data)
-
-
-def empty_table(like: pa.Schema | pa.Table | None = None) -> pa.Table:
-    """No rows, with `like`'s schema (default: the opaque CHANGES_SCHEMA)."""
-    if like is None:
-        return CHANGES_SCHEMA.empty_table()
-    return (like if isinstance(like, pa.Schema) else like.schema).empty_table()
-
-
-def is_typed(table: pa.Table | pa.Schema) -> bool:
-    """Whether rows carry key and value as struct columns (file format 2) rather than row bytes."""
-    schema = table if isinstance(table, pa.Schema) else table.schema
-    return pa.types.is_struct(schema.field("key").type)
-
-
-def typed_schema(key: pa.DataType, value: pa.DataType) -> pa.Schema:
-    """The in-memory schema of typed rows: kg, hash, key, value (value nullable: null = delete)."""
-    return pa.schema([("kg", pa.int32()), ("hash", pa.int32()), pa.field("key", key, nullable=False),
-                      ("value", value)])
-
-
-def conform(table: pa.Table) -> pa.Table:
-    """Checks a changes/state table has kg, hash, key, value and casts it to exactly CHANGES_SCHEMA (opaque;
-    LARGE_SCHEMA when its key/value already have 64-bit offsets) or, when key and value are structs, to
-    int32 kg and hash with the structs as they are (typed)."""
-    missing = [f.name for f in CHANGES_SCHEMA if f.name not in table.column_names]
-    if missing:
-        raise ValueError(f"changes table lacks column(s) {missing}; expected {CHANGES_SCHEMA}")
-    table = table.select(CHANGES_SCHEMA.names)
-    if is_typed(table):
-        if not pa.types.is_struct(table.schema.field("value").type):
-            raise ValueError(f"typed changes need struct key and value columns, got {table.schema}")
-        target = typed_schema(table.schema.field("key").type, table.schema.field("value").type)
-        return table if table.schema == target else table.cast(target)
-    target = LARGE_SCHEMA if table.schema.field("key").type == pa.large_binary() else CHANGES_SCHEMA
-    if table.schema != target:
-        table = table.cast(target)
-    return table
-
-
-def _payload_bytes(table: pa.Table) -> int:
-    return sum(table.column(name).nbytes for name in ("key", "value"))
-
-
-def widen(table: pa.Table) -> pa.Table:
-    """The table with 64-bit offsets (a cast of the offsets; the bytes are not copied)."""
-    return table if table.schema == LARGE_SCHEMA else conform(table).cast(LARGE_SCHEMA)
-
-
-def narrow(table: pa.Table) -> pa.Table:
-    """Back to CHANGES_SCHEMA where the rows fit 32-bit offsets; a table too big for that stays wide."""
-    if table.schema == LARGE_SCHEMA and _payload_bytes(table) < _WIDEN_AT:
-        return table.cast(CHANGES_SCHEMA)
-    return table
-
-
-def _wide_type(t: pa.DataType) -> pa.DataType:
-    """``t`` with 64-bit offsets for its strings and binaries (inside structs too)."""
-    if pa.types.is_struct(t):
-        return pa.struct([t.field(i).with_type(_wide_type(t.field(i).type)) for i in range(t.num_fields)])
-    if pa.types.is_string(t):
-        return pa.large_string()
-    if pa.types.is_binary(t):
-        return pa.large_binary()
-    return t
-
-
-def _retyped_array(array: pa.Array, target: pa.DataType) -> pa.Array:
-    if array.type == target:
-        return array
-    if pa.types.is_struct(target):   # by position: Spark may give two fields one name (sum, sum)
-        flat = array.flatten()   # slice-aware (StructArray.field is not)
-        children = [_retyped_array(flat[i], target.field(i).type) for i in range(target.num_fields)]
-        return pa.StructArray.from_arrays(children, fields=list(target), mask=array.is_null())
-    if pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type):
-        array = pa.concat_arrays([array])   # a slice of a big array: Arrow's cast checks the whole buffer
-    return array.cast(target)
-
-
-def retyped(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """Typed rows with `schema`'s offset widths (string vs large_string), struct fields matched by position."""
-    columns = [table.column(f.name) for f in schema]
-    return pa.Table.from_arrays([c if c.type == f.type else
-                                 pa.chunked_array([_retyped_array(x, f.type) for x in c.chunks], f.type)
-                                 for c, f in zip(columns, schema)], schema=schema)
-
-
-def needs_wide(tables: list[pa.Table]) -> bool:
-    """Whether concatenating these tables' keys and values could overflow 32-bit offsets."""
-    return sum(_payload_bytes(t) for t in tables) >= _WIDEN_AT
-
-
-def widen_typed(table: pa.Table) -> pa.Table:
-    """Typed rows with 64-bit string/binary offsets (what a partition over 2 GiB is merged as)."""
-    return retyped(table, pa.schema([f.with_type(_wide_type(f.type)) for f in table.schema]))
-
-
-def narrow_typed(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """Typed rows back to `schema`'s 32-bit offsets, in chunks of ~1 GiB (a chunk must stay under 2 GiB)."""
-    if table.schema == schema:
-        return table
-    per_chunk = max(1, table.num_rows * (1 << 30) // max(1, _payload_bytes(table)))
-    pieces = [retyped(table.slice(start, per_chunk), schema) for start in range(0, table.num_rows, per_chunk)]
-    return pa.concat_tables(pieces) if pieces else retyped(table, schema)
-
-
-def binary_batches(table: pa.Table, max_rows: int = 65536):
-    """Record batches of CHANGES_SCHEMA (what the JVM shim reads), whatever the table's offsets."""
-    for batch in table.to_batches(max_chunksize=max_rows):
-        yield batch if batch.schema == CHANGES_SCHEMA else batch.cast(CHANGES_SCHEMA)
 
 
 # ------------------------------------------------------------------ writing
@@ -290,9 +189,9 @@ def encode(table: pa.Table, compression_level: int = 3, *, sorted_by_kg: bool = 
     each indexed by its smallest and largest key group (see the module docstring)."""
     table = conform(table)
     typed = is_typed(table)
-    if arrival_order and typed and _payload_bytes(table) < _WIDEN_AT:
+    if arrival_order and typed and payload_bytes(table) < WIDEN_AT:
         return _encode_in_arrival_order(table, compression_level, target_batch_bytes)
-    wide = _payload_bytes(table) >= _WIDEN_AT   # sorting concatenates; 32-bit offsets would overflow past 2 GiB
+    wide = payload_bytes(table) >= WIDEN_AT   # sorting concatenates; 32-bit offsets would overflow past 2 GiB
     if wide and not typed:
         table = widen(table)
     if wide and typed:   # 64-bit offsets while sorting; each batch is written with the table's own types
@@ -307,7 +206,7 @@ def encode(table: pa.Table, compression_level: int = 3, *, sorted_by_kg: bool = 
     kg = table.column("kg").to_numpy()
     if n:
         if typed:   # struct columns have no per-row length: spread their bytes evenly
-            row_bytes = np.full(n, _payload_bytes(table) // n + _ROW_OVERHEAD, dtype=np.int64)
+            row_bytes = np.full(n, payload_bytes(table) // n + _ROW_OVERHEAD, dtype=np.int64)
         else:
             key_len = pc.binary_length(table.column("key")).to_numpy().astype(np.int64)
             val_len = pc.fill_null(pc.binary_length(table.column("value")), 0).to_numpy().astype(np.int64)
@@ -355,7 +254,7 @@ def encode(table: pa.Table, compression_level: int = 3, *, sorted_by_kg: bool = 
         }, schema=INDEX_SCHEMA)
     else:
         index = INDEX_SCHEMA.empty_table()
-    return _assemble(data, index, n, TYPED_FORMAT if typed else OPAQUE_FORMAT, options)
+    return _assemble(data, index, n, FileFormat.TYPED if typed else FileFormat.OPAQUE, options)
 
 
 def _encode_in_arrival_order(table: pa.Table, compression_level: int, target_batch_bytes: int) -> EncodedFile:
@@ -365,7 +264,7 @@ def _encode_in_arrival_order(table: pa.Table, compression_level: int, target_bat
     table = table.combine_chunks()
     n = table.num_rows
     kg = table.column("kg").to_numpy()
-    per_batch = max(1, target_batch_bytes // (_payload_bytes(table) // max(n, 1) + _ROW_OVERHEAD))
+    per_batch = max(1, target_batch_bytes // (payload_bytes(table) // max(n, 1) + _ROW_OVERHEAD))
     batch_first = np.arange(0, n, per_batch, dtype=np.int64)
     batch_rows = np.diff(np.append(batch_first, n))
     options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level))
@@ -381,13 +280,13 @@ def _encode_in_arrival_order(table: pa.Table, compression_level: int, target_bat
     else:
         first_kg = last_kg = np.zeros(0, dtype=np.int32)
     index = _batch_index(first_kg, last_kg, offsets, lengths, crcs, batch_rows)
-    return _assemble(data, index, n, TYPED_FORMAT, options)
+    return _assemble(data, index, n, FileFormat.TYPED, options)
 
 
 def _batch_ranges(data: pa.Buffer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Byte offset, length and CRC-32 of each record batch message of an IPC stream: walks the message
     framing (no decoding). The head before the first batch is the schema and the file's dictionaries (one
-    per dictionary column, see spark_state.dictionaries); a subset read decodes its batches with that head."""
+    per dictionary column, see spark_state.format.dictionaries); a subset read decodes its batches with that head."""
     src = pa.BufferReader(data)
     reader = pa.ipc.MessageReader.open_stream(src)
     starts, ends = [], []
@@ -454,11 +353,11 @@ def read_trailer(data: bytes, name: str) -> tuple[int, int]:
     if len(data) < TRAILER_SIZE:
         raise _corrupt(name, "is shorter than its trailer")
     offset, length, magic = _TRAILER.unpack(data[-TRAILER_SIZE:])
-    if magic[:-1] != MAGIC[:-1] or magic[-1] < OPAQUE_FORMAT:
+    if magic[:-1] != MAGIC[:-1] or magic[-1] < FileFormat.OPAQUE:
         raise _corrupt(name, "does not end with the spark_state file magic")
-    if magic[-1] > FILE_FORMAT_VERSION:
+    if magic[-1] > NEWEST_FILE_FORMAT:
         raise FormatVersionError(
-            f"state file {name} has file format version {magic[-1]}, newer than the {FILE_FORMAT_VERSION} "
+            f"state file {name} has file format version {magic[-1]}, newer than the {int(NEWEST_FILE_FORMAT)} "
             f"this spark_state reads; upgrade spark_state on the executors."
         )
     return offset, length
@@ -491,8 +390,6 @@ def _with_kg(table: pa.Table, name: str, max_parallelism: int | None) -> pa.Tabl
     table = dictionaries.decode(table)
     if max_parallelism is None:
         raise ValueError(f"reading typed state file {name} needs the max parallelism to derive key groups")
-    from spark_state.keygroups import key_groups_of
-
     return table.add_column(0, "kg", pa.array(key_groups_of(table.column("hash"), max_parallelism), pa.int32()))
 
 
@@ -532,7 +429,7 @@ def _read_batch(block, schema: pa.Schema, head: bytes | None) -> pa.RecordBatch:
 
 
 def read_key_groups(fetch: Fetch, name: str, index_offset: int, index_length: int, index_checksum: str | None,
-                    key_groups: np.ndarray, verify: bool = True, *, file_format: int = OPAQUE_FORMAT,
+                    key_groups: np.ndarray, verify: bool = True, *, file_format: int = FileFormat.OPAQUE,
                     max_parallelism: int | None = None) -> pa.Table:
     """Rows of the given key groups (int32 array), in key-group order, reading only the index and their
     batches (and, for a typed file, the stream's head: its schema and dictionaries)."""
@@ -540,7 +437,7 @@ def read_key_groups(fetch: Fetch, name: str, index_offset: int, index_length: in
     index = decode_index(index_bytes, name, index_checksum if verify else None)
     key_groups = np.unique(np.asarray(key_groups, dtype=np.int32))
     schema, head = CHANGES_SCHEMA, None
-    if file_format != OPAQUE_FORMAT:
+    if file_format != FileFormat.OPAQUE:
         all_offsets = index.column("offset").to_numpy()
         schema, head = _read_head(fetch, name, int(all_offsets.min()) if len(all_offsets) else index_offset)
         if not dictionaries.has_dictionaries(schema):

@@ -10,7 +10,7 @@ that holds the files, one *reference record* per referring store
 the first version of it that names the files, and the files), then the
 manifests.
 
-Retention (``VersionedStore._retain``) counts every file a live record names
+Retention (``spark_state.chain.retention``) counts every file a live record names
 as referenced, exactly like a file its own kept manifests name. A record is
 *dead* only when the referring store has at least one manifest at or above
 the record's version and every such manifest was read and names no file of
@@ -35,18 +35,15 @@ from __future__ import annotations
 
 import json
 import logging
-import re
-import secrets
 from dataclasses import dataclass
 from typing import Callable
 
 from spark_state.errors import SparkStateError
-from spark_state.manifest import Manifest
-from spark_state.storage.base import CheckpointStorage, manifest_path
+from spark_state.format.manifest import Manifest
+from spark_state.storage.base import CheckpointStorage
+from spark_state.storage.layout import REFS_DIR, manifest_path, new_reference_path, reference_of
 
 log = logging.getLogger(__name__)
-
-REFS_DIR = "refs"
 
 Siblings = Callable[[int], CheckpointStorage]
 """The storage of the store of another partition of the same operator and store name."""
@@ -70,12 +67,9 @@ class Reference:
 
 def write_reference(storage: CheckpointStorage, ref: Reference) -> str:
     """Records that `ref.partition` names `ref.files` of `storage`; returns the record's path."""
-    path = f"{REFS_DIR}/p{ref.partition:05d}-v{ref.version:010d}-{secrets.token_hex(4)}.json"
+    path = new_reference_path(ref.partition, ref.version)
     storage.write_file(path, ref.to_json())
     return path
-
-
-_NAME = re.compile(r"^p(\d+)-v(\d+)-[0-9a-f]+\.json$")
 
 
 def _still_named(referrer: CheckpointStorage, partition: int, since: int) -> bool:
@@ -105,10 +99,10 @@ def referenced_elsewhere(storage: CheckpointStorage, partition: int, siblings: S
     keep: set[str] = set()
     unknown = False
     for path in storage.list_files(REFS_DIR):
-        named = _NAME.match(path.rsplit("/", 1)[-1])
+        named = reference_of(path)
         if named is None:
             continue   # not a record (a temporary file of an object store client, a note left by hand)
-        referrer, since = int(named.group(1)), int(named.group(2))
+        referrer, since = named
         ref = None
         try:
             ref = Reference.from_json(storage.read_file(path))
