@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks import jvm_bench
-from spark_state import shim
+from spark_state.spark import shim
 
 SOURCE = jvm_bench.HERE / "jvm" / "RowImageBench.java"
 BUILD = jvm_bench.HERE / "jvm" / "build" / "rowimage"

@@ -28,8 +28,8 @@ import org.apache.spark.unsafe.array.ByteArrayMethods;
  *
  * <p>The file is read with {@link RandomAccessFile} under a lock rather than a {@code FileChannel}: a
  * thread interrupted in a channel read closes the channel for every thread (Spark interrupts the
- * tasks of a stopped query), while a plain read ignores interrupts. A read holds the lock for one
- * block's bytes, and only on a cache miss.
+ * tasks of a stopped query), while a plain read ignores interrupts. A lookup holds the lock only on
+ * a cache miss, for one block's bytes; a cursor for up to {@link #READ_AHEAD} bytes.
  *
  * <p>Thread-safe. Every structural fact about a block is checked once, when it is loaded (lengths,
  * order, record count), so lookups read the block with unchecked accesses that stay in bounds; a
