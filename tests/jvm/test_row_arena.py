@@ -5,13 +5,11 @@ records larger than a page, compact and grow the table, also while an iterator r
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.jvm_probes import probe_command
+from tests.support.jvm_probes import ProbeProcess, probe_command
 
 KEYS = [bytes([i]) * n for i in range(1, 9) for n in (1, 3, 9, 30)] + [b""]
 
@@ -20,36 +18,18 @@ KEYS = [bytes([i]) * n for i in range(1, 9) for n in (1, 3, 9, 30)] + [b""]
 def probe(tmp_path_factory):
     cmd = probe_command("ArenaProbe.java", "io.sparkstate.shim.ArenaProbe", tmp_path_factory.mktemp("arena-probe"),
                         "-ea", "-Dspark_state.arenaPageBytes=256", "-Dspark_state.arenaMinGarbage=512", heap="256m")
-    proc = subprocess.Popen(
-        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    yield Probe(proc)
-    proc.stdin.close()
-    proc.wait(timeout=30)
+    probe = Probe(cmd)
+    yield probe
+    probe.close()
 
 
-class Probe:
-    def __init__(self, proc):
-        self.proc = proc
-
-    def send(self, line: str) -> None:
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-
-    def read(self) -> str:
-        line = self.proc.stdout.readline()
-        assert line, "the probe JVM ended: " + self.proc.stderr.read()[-2000:]
-        return line.rstrip("\n")
-
+class Probe(ProbeProcess):
     def reset(self) -> None:
         """A new map; skips any answer a failed example left unread."""
         self.nonce = getattr(self, "nonce", 0) + 1
         self.send(f"reset {self.nonce}")
         while self.read() != f"OK {self.nonce}":
             pass
-
-    def ask(self, line: str) -> str:
-        self.send(line)
-        return self.read()
 
 
 def h(b: bytes) -> str:

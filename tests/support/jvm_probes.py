@@ -28,3 +28,28 @@ def probe_command(source: str, main_class: str, classes: Path, *jvm_options: str
     src = TESTS / "jvm" / source
     subprocess.run(["javac", "-nowarn", "-d", str(classes), "-cp", cp, str(src)], check=True, capture_output=True)
     return ["java", f"-Xmx{heap}", *OPENS, *jvm_options, "-cp", f"{classes}:{cp}", main_class]
+
+
+class ProbeProcess:
+    """A running probe that answers each command line on stdin with lines on stdout."""
+
+    def __init__(self, cmd: list[str]):
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+
+    def send(self, line: str) -> None:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def read(self) -> str:
+        line = self.proc.stdout.readline()
+        assert line, "the probe JVM ended: " + self.proc.stderr.read()[-2000:]
+        return line.rstrip("\n")
+
+    def ask(self, line: str) -> str:
+        self.send(line)
+        return self.read()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
