@@ -13,7 +13,7 @@ import pytest
 
 import spark_state
 from spark_state import errors, options
-from spark_state.spark_config import MAINTENANCE_LISTENER, WORKER_PLUGIN
+from spark_state.spark.config import MAINTENANCE_LISTENER, WORKER_PLUGIN
 from spark_state.worker.protocol import PROTOCOL_VERSION
 from spark_state.worker.server import Dispatcher
 
@@ -24,7 +24,7 @@ _CONSTANT = re.compile(r"^\s*(?:\w+ )*static final (?P<type>[\w.]+) (?P<name>\w+
 
 
 def _javap(*classes: str) -> str:
-    from spark_state import shim
+    from spark_state.spark import shim
 
     if shutil.which("javap") is None:
         pytest.skip("needs a JDK 17 (javap)")
