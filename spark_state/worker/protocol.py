@@ -46,7 +46,7 @@ def read_frame(stream: BinaryIO, *, max_header: int = MAX_HEADER,
         raise ProtocolError(f"frame header of {header_len} bytes is larger than {max_header}")
     try:
         header = json.loads(_read_exact(stream, header_len))
-    except ValueError as err:
+    except (ValueError, RecursionError) as err:   # RecursionError: JSON nested too deep
         raise ProtocolError(f"frame header is not JSON: {err}") from None
     if not isinstance(header, dict):
         raise ProtocolError("frame header must be a JSON object")
