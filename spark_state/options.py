@@ -183,6 +183,9 @@ _SPECS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "memoryLimit": ("memory_limit", _size),
 }
 
+#: Short option name -> its Settings field (the snake_case keyword of configure()).
+OPTION_FIELDS = {name: field for name, (field, _) in _SPECS.items()}
+
 #: Short option name -> one-line description, for the README and conf/.
 DESCRIPTIONS = {
     "storage": "Checkpoint storage: 'filesystem' (any fsspec URL, durable) or 'memory' (worker process memory).",
