@@ -498,15 +498,17 @@ public final class ProviderBench {
         } finally {
             p.close();
         }
-        // background work (e.g. snapshot compaction) may still be writing: settle before counting
+        // background work (e.g. spark_state's snapshot compaction, which computes for seconds before it
+        // writes) may still be running: count once the directory has not changed for 15 s (at most 360 s),
+        // as a query running on would have its maintenance done by the next restore
         long[] usage = dirUsage(Paths.get(dir));
-        for (int i = 0; i < 20; i++) {
+        for (int i = 0, quiet = 0; i < 1440 && quiet < 60; i++) {
             try {
                 Thread.sleep(250);
             } catch (InterruptedException ignored) {
             }
             long[] again = dirUsage(Paths.get(dir));
-            if (again[0] == usage[0] && again[1] == usage[1]) break;
+            quiet = again[0] == usage[0] && again[1] == usage[1] ? quiet + 1 : 0;
             usage = again;
         }
         out.put("version", v);

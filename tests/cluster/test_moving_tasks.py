@@ -35,6 +35,26 @@ def test_task_failing_after_its_commit_is_retried_on_the_other_executor_every_ba
     assert_maintained(q.checkpoint)
 
 
+def test_moving_tasks_restore_lazily_from_row_images_and_spill(cluster, tmp_path):
+    """The same moves with row images for every snapshot and a 1 KiB memory limit: each retry on the other
+    executor restores from the snapshot's row image when compaction made one, and every commit spills the
+    changed rows to a local image; the totals stay exact and no worker or spill file loses a row."""
+    batches = 6
+    q = RunningTotals(cluster, tmp_path, seed=23, fail_batches=range(1, batches),
+                      options={"row_images_min_rows": 0, "memory_limit": "1k"})
+    q.add(batches)
+    q.run()
+    q.assert_exact()
+    assert any(p.endswith(".img") for p in state_files(q.checkpoint)), "compaction wrote no row image"
+    assert stored_totals(cluster, q.checkpoint) == q.totals()
+    check_versions_load(q.checkpoint)
+
+
+def state_files(checkpoint) -> list[str]:
+    """Every file under the checkpoint's state directory (names only)."""
+    return [p.name for p in (checkpoint / "state").rglob("*") if p.is_file()]
+
+
 def test_sink_failing_after_the_commit_reruns_the_batch_wherever_it_lands(cluster, tmp_path):
     """Issue 9's report: a foreachBatch sink fails after the state commit; the restarted query re-runs
     the batch on either executor (a new run has no preferred locations), and the next batch, in a run

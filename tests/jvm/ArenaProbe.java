@@ -137,6 +137,19 @@ public class ArenaProbe {
           ((LayeredMap) map).spill();
           out.println("OK " + ((LayeredMap) map).imageRows());
           break;
+        case "fill": {
+          // fill N SIZE: puts N new keys with SIZE-byte values; answers the most heap the in-heap layer
+          // held after any put, and the spills
+          int n = Integer.parseInt(a[1]);
+          String v = hex(new byte[Integer.parseInt(a[2])]);
+          long most = 0;
+          for (int j = 0; j < n; j++) {
+            map.put(key(hex(("fill-" + j).getBytes(StandardCharsets.UTF_8))), value(v));
+            most = Math.max(most, ((LayeredMap) map).overlayBytesNow());
+          }
+          out.println(most + " " + ((LayeredMap) map).spills() + " " + map.size());
+          break;
+        }
         case "spills":
           out.println(((LayeredMap) map).spills());
           break;

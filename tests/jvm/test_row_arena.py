@@ -161,3 +161,16 @@ def test_readers_on_other_threads_see_whole_rows_while_a_writer_changes_the_map(
     answer = probe.ask("race 3000 200000")
     assert answer.startswith("OK"), answer
     assert int(answer.split()[1]) > 0, "the readers read nothing while the writer ran"
+
+
+def test_the_layered_map_holds_no_more_than_its_budget_however_many_rows(probe):
+    """3,000 rows of 100-byte values (about 400 KB) under a 4 KiB budget (3 KiB for rows): the in-heap layer
+    never holds more than the rows share plus what one check interval (8 puts) and a page add, because
+    every check over the budget spills; the rows are all still there."""
+    if probe.kind != "layered":
+        pytest.skip("the arena has no budget")
+    probe.reset()
+    most, spills, size = map(int, probe.ask("fill 3000 100").split())
+    assert size == 3000
+    assert spills > 50
+    assert most <= 3072 + 8 * 200 + 4096, f"the in-heap rows reached {most} bytes"

@@ -59,8 +59,10 @@ final class LayeredMap implements StateMap {
   private RowArena tombstones;
   private RowImage base;
   private long baseRows;
-  /** Overlay keys the base does not hold. */
-  private long newKeys;
+  /** Keys in the map; exact unless {@link #sizeUnknown} (changes loaded blind over a base). */
+  private long size;
+  private boolean sizeUnknown;
+  private boolean closed;
   private int sinceCheck;
   /** The overlay's heap as last measured: what the budget sums without taking this map's lock. */
   private volatile long heldBytes;
@@ -89,11 +91,38 @@ final class LayeredMap implements StateMap {
     }
     base = image;
     baseRows = rows;
+    size = rows;
+  }
+
+  /**
+   * Applies a change loaded from the checkpoint on top of the base (value null: a delete) without
+   * looking the key up in the base: a restore's changes cost no block reads. The key count is
+   * resolved in one sorted pass over the base when it is first asked ({@link #size}).
+   */
+  synchronized void loadChange(UnsafeRow key, UnsafeRow value) {
+    checkOpen();
+    if (value == null) {
+      overlay.remove(key);
+      if (base != null) {
+        tombstones.put(key, NO_VALUE);
+      }
+    } else {
+      tombstones.remove(key);
+      overlay.put(key, value);
+    }
+    sizeUnknown = base != null;
+    if (base == null) {
+      size = overlay.size();
+    }
   }
 
   @Override
   public synchronized long size() {
-    return baseRows + newKeys - tombstones.size();
+    if (sizeUnknown) {
+      size = countKeys();
+      sizeUnknown = false;
+    }
+    return size;
   }
 
   @Override
@@ -104,6 +133,11 @@ final class LayeredMap implements StateMap {
   @Override
   public synchronized long imageRows() {
     return base == null ? 0 : baseRows;
+  }
+
+  /** The heap the in-heap layer (overlay and tombstones) takes now. */
+  synchronized long overlayBytesNow() {
+    return overlay.bytes() + tombstones.bytes();
   }
 
   /** The overlay's heap as last measured (no lock: the budget reads it from other stores' threads). */
@@ -117,6 +151,7 @@ final class LayeredMap implements StateMap {
 
   @Override
   public synchronized UnsafeRow get(UnsafeRow key) {
+    checkOpen();
     UnsafeRow v = overlay.get(key);
     if (v != null || base == null || tombstones.get(key) != null) {
       return v;
@@ -126,53 +161,45 @@ final class LayeredMap implements StateMap {
 
   @Override
   public synchronized UnsafeRow put(UnsafeRow key, UnsafeRow value) {
+    checkOpen();
     UnsafeRow old = overlay.put(key, value);
     if (old == null) {
       for (Scan s : scans) {
         s.added.add(key.copy());
       }
-      if (base == null) {
-        newKeys++;
-      } else if (tombstones.remove(key) == null) {
+      if (base == null || tombstones.remove(key) != null) {
+        size++;
+      } else {
         old = baseGet(key);
         if (old == null) {
-          newKeys++;
+          size++;
         }
       }
     }
-    if (++sinceCheck >= CHECK_EVERY) {
-      sinceCheck = 0;
-      maybeSpill();
-    }
+    countChange();
     return old;
   }
 
   @Override
   public synchronized UnsafeRow remove(UnsafeRow key) {
+    checkOpen();
     UnsafeRow old = overlay.remove(key);
-    if (base == null) {
-      if (old != null) {
-        newKeys--;
+    if (old == null && base != null && tombstones.get(key) == null) {
+      old = baseGet(key);
+    }
+    if (old != null) {
+      size--;
+      if (base != null) {
+        tombstones.put(key, NO_VALUE);   // whether or not the base holds the key: a tombstone hides nothing else
       }
-      return old;
+      countChange();
     }
-    if (old == null && tombstones.get(key) != null) {
-      return null;
-    }
-    UnsafeRow below = baseGet(key);
-    if (below != null) {
-      tombstones.put(key, NO_VALUE);
-    } else if (old != null) {
-      newKeys--;
-    }
-    return old != null ? old : below;
+    return old;
   }
 
   @Override
   public synchronized Iterator<UnsafeRowPair> iterator() {
-    if (base == null && scans.isEmpty()) {
-      return overlay.iterator();
-    }
+    checkOpen();
     Scan scan = new Scan();
     scans.add(scan);
     return scan;
@@ -194,11 +221,30 @@ final class LayeredMap implements StateMap {
     maybeSpill();
   }
 
+  /**
+   * Closes the base image and frees the budget. Any later use fails loudly (never answers "absent" for
+   * rows it can no longer read): a store still holding the map fails its task, and the retry reloads.
+   */
   @Override
   public synchronized void close() {
+    closed = true;
     budget.unregister(this);
     heldBytes = 0;
     closeBase();
+  }
+
+  private void checkOpen() {
+    if (closed) {
+      throw new IllegalStateException("spark_state: this version's rows were dropped (the provider was unloaded "
+          + "or reloaded the version); the task must be retried");
+    }
+  }
+
+  private void countChange() {
+    if (++sinceCheck >= CHECK_EVERY) {
+      sinceCheck = 0;
+      maybeSpill();
+    }
   }
 
   // ------------------------------------------------------------------ spills
@@ -206,7 +252,8 @@ final class LayeredMap implements StateMap {
   private void maybeSpill() {
     long mine = overlay.bytes() + tombstones.bytes();
     heldBytes = mine;
-    long floor = Math.max(failedSpillBytes * 2, Math.min(MIN_SPILL_BYTES, budget.rowsLimit() / 8));
+    long floor = Math.max(failedSpillBytes * 2,
+        Math.min(MIN_SPILL_BYTES, budget.rowsLimit() / (8L * Math.max(1, budget.maps()))));
     if (!scans.isEmpty() || mine < floor || budget.rowsBytes() <= budget.rowsLimit()) {
       return;
     }
@@ -221,7 +268,8 @@ final class LayeredMap implements StateMap {
   }
 
   /** Merges the overlay into the base as a new local image; the overlay starts empty. */
-  void spill() throws IOException {
+  synchronized void spill() throws IOException {
+    checkOpen();
     long t0 = System.nanoTime();
     Path file = SpillDirectory.newFile();
     long rows;
@@ -232,13 +280,21 @@ final class LayeredMap implements StateMap {
         out.finish();
       }
       RowImage next = RowImage.open(file, keyFields, valueFields, budget.cache(), true);
-      closeBase();
+      RowImage before = base;
       base = next;
+      if (before != null) {
+        try {
+          before.close();
+        } catch (IOException e) {
+          LOG.warn("spark_state: cannot close the row image {}: {}", before.path(), e.toString());
+        }
+      }
     } finally {
       Files.deleteIfExists(file);   // open images read through their descriptor; nothing stays on disk
     }
     baseRows = rows;
-    newKeys = 0;
+    size = rows;
+    sizeUnknown = false;
     long freed = overlay.bytes() + tombstones.bytes();
     overlay = new RowArena(keyFields, valueFields, 16);
     tombstones = new RowArena(keyFields, 0, 16);
@@ -285,6 +341,66 @@ final class LayeredMap implements StateMap {
     if (overlay.get(key) == null && tombstones.get(key) == null) {
       out.add(record.keyGroup(), record.hash(), key, record.value());
     }
+  }
+
+  /**
+   * The exact key count of the layers as they are: the base's rows, less those a tombstone hides, plus
+   * the overlay keys the base does not hold. One walk of the base in sort order against the overlay and
+   * tombstone keys sorted the same way: every block is read once, in file order.
+   */
+  private long countKeys() {
+    int no = (int) overlay.size();
+    int nt = (int) tombstones.size();
+    long[] sortKeys = new long[no + nt];
+    UnsafeRow[] keys = new UnsafeRow[no + nt];
+    int m = 0;
+    for (RowArena layer : new RowArena[] {overlay, tombstones}) {
+      for (int i = 0, count = layer.slotCount(); i < count; i++) {
+        UnsafeRow key = layer.keyAtSlot(i);
+        if (key != null) {
+          int h = hasher.hash(key);
+          sortKeys[m] = RowImage.sortKey(hasher.keyGroup(h), h);
+          keys[m++] = key;
+        }
+      }
+    }
+    long[] exactKeys = java.util.Arrays.copyOf(sortKeys, m);
+    int[] order = RowImageWriter.sortedPositions(exactKeys);
+    long count = baseRows + no;
+    RowImage.Cursor below = base.cursor();
+    boolean more = below.next();
+    int p = 0;
+    while (p < order.length && more) {
+      long s = exactKeys[order[p]];
+      if (below.sortKey() < s) {
+        more = below.next();
+        continue;
+      }
+      if (below.sortKey() > s) {
+        p++;
+        continue;
+      }
+      // the base's records of sort key s: each that one of ours names is hidden by a tombstone, or
+      // counted twice (overlay and base)
+      int q = p;
+      while (q < order.length && exactKeys[order[q]] == s) {
+        q++;
+      }
+      for (; more && below.sortKey() == s; more = below.next()) {
+        if (below.deleted()) {
+          continue;
+        }
+        UnsafeRow key = below.key();
+        for (int r = p; r < q; r++) {
+          if (keys[order[r]].equals(key)) {
+            count--;
+            break;
+          }
+        }
+      }
+      p = q;
+    }
+    return count;
   }
 
   // ------------------------------------------------------------------ base

@@ -52,6 +52,11 @@ final class MemoryBudget {
     return limit - limit / CACHE_SHARE_DIVISOR;
   }
 
+  /** Maps that count against the budget now. */
+  synchronized int maps() {
+    return maps.size();
+  }
+
   synchronized void register(LayeredMap map) {
     maps.add(map);
   }

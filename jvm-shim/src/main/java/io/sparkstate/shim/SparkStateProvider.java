@@ -211,11 +211,11 @@ public class SparkStateProvider implements StateStoreProvider {
     checkVersion(version, uniqueId);
     if (open == null) {
       refreshLive(version);
-      return new SparkStateReadStore(this, live);
+      return new SparkStateReadStore(this, live, false);
     }
     // A write store is open: read a private copy so it cannot see uncommitted changes.
     noteQueryId();
-    return new SparkStateReadStore(this, load(version, null));
+    return new SparkStateReadStore(this, load(version, null), true);
   }
 
   private void checkVersion(long version, Option<String> uniqueId) {
@@ -239,13 +239,16 @@ public class SparkStateProvider implements StateStoreProvider {
     long t0 = System.nanoTime();
     StateVersion before = live;
     live = null;
-    live = load(version, held);
+    try {
+      live = load(version, held);
+    } finally {
+      if (before != null && (live == null || before.rows != live.rows)) {
+        before.rows.close();
+      }
+    }
     heldVersion = version;
     if (live != held) {
       unreportedLoadMs += (System.nanoTime() - t0) / 1_000_000L;
-    }
-    if (before != null && before.rows != live.rows) {
-      before.rows.close();
     }
   }
 
@@ -276,8 +279,13 @@ public class SparkStateProvider implements StateStoreProvider {
       return known;
     }
     long images = loaded.rows.imageRows();
-    LOG.info("spark_state: loaded version {} of {} ({} keys{}) in {} ms", version, stateStoreId, loaded.rows.size(),
-        images > 0 ? ", " + images + " of them looked up in a row image" : "", (System.nanoTime() - t0) / 1_000_000L);
+    if (images > 0) {
+      LOG.info("spark_state: loaded version {} of {} lazily (a row image of {} rows, the changes after it on the heap) "
+          + "in {} ms", version, stateStoreId, images, (System.nanoTime() - t0) / 1_000_000L);
+    } else {
+      LOG.info("spark_state: loaded version {} of {} ({} keys) in {} ms", version, stateStoreId, loaded.rows.size(),
+          (System.nanoTime() - t0) / 1_000_000L);
+    }
     return loaded;
   }
 
@@ -310,13 +318,7 @@ public class SparkStateProvider implements StateStoreProvider {
       map.setBase(opened, image.rows);
       boolean typed = image.typed;
       if (changes > 0) {
-        typed = ArrowCodec.decodeState(state, keySchema, valueSchema, (k, v) -> {
-          if (v == null) {
-            map.remove(k);
-          } else {
-            map.put(k, v);
-          }
-        }, true);
+        typed = ArrowCodec.decodeState(state, keySchema, valueSchema, map::loadChange, true);
       }
       return new StateVersion(map, version, commitId, typed);
     } catch (IOException | RuntimeException e) {

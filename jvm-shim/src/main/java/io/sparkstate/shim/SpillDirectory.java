@@ -4,6 +4,9 @@ import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.Paths;
+import java.nio.file.DirectoryStream;
+import java.util.Comparator;
+import java.util.stream.Stream;
 
 import org.apache.spark.SparkEnv;
 import org.apache.spark.util.Utils;
@@ -48,6 +51,28 @@ final class SpillDirectory {
     } catch (RuntimeException e) {
       // no usable Spark local dir: the JVM's temp dir
     }
-    return Paths.get(root, "spark-state-" + ProcessHandle.current().pid());
+    removeLeftovers(Paths.get(root));
+    return Paths.get(root, PREFIX + ProcessHandle.current().pid());
   }
+
+  /**
+   * Deletes the spill directories of executors that no longer run (a SIGKILL during a spill leaves its
+   * half-written file: every other spill file is unlinked once open).
+   */
+  private static void removeLeftovers(Path root) {
+    try (DirectoryStream<Path> dirs = Files.newDirectoryStream(root, PREFIX + "*")) {
+      for (Path d : dirs) {
+        String pid = d.getFileName().toString().substring(PREFIX.length());
+        if (pid.matches("\\d+") && ProcessHandle.of(Long.parseLong(pid)).isEmpty()) {
+          try (Stream<Path> files = Files.walk(d)) {
+            files.sorted(Comparator.reverseOrder()).forEach(f -> f.toFile().delete());
+          }
+        }
+      }
+    } catch (IOException | RuntimeException e) {
+      // best effort: leftovers of dead executors only take disk space
+    }
+  }
+
+  private static final String PREFIX = "spark-state-spill-";
 }
