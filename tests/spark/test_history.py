@@ -9,9 +9,12 @@ import pytest
 
 import spark_state
 from spark_state.errors import HistoryUnavailable
+from tests.support.running_total import PHASES, SCHEMA, build_query
 from tests.support.scenarios import JOIN_STORES, SCENARIOS, run_scenario
-from tests.support.spark import arrow_rows, plain, sort_rows, statestore_rows
+from tests.support.spark import JsonStream, arrow_rows, plain, sort_rows, statestore_rows
 from tests.support.stores import open_stored
+
+pytestmark = pytest.mark.spark_state_only("spark_state's history: read_changes, one change per key and batch")
 
 FEEDS = [
     ("agg_update", {}),
@@ -55,6 +58,26 @@ def test_change_feed_is_hdfs_changes_and_read_changes_returns_it_without_spark(s
         [r for r in later if r[0] == 2]
     assert arrow_rows(spark_state.read_changes(twin.test.checkpoint, start_batch=2,
                                                **read_changes_args(options))) == later
+
+
+def test_apply_in_pandas_with_state_timeouts_and_removals(spark, make_twin, tmp_path):
+    """Event-time timeouts remove keys (deletes in the feed), across a restart."""
+    events = JsonStream(tmp_path / "events", SCHEMA)
+    twin = make_twin(build_query(events, "EventTimeTimeout", "update"), mode="update")
+    for phase in PHASES:
+        for rows in phase:
+            events.add(rows)
+        twin.run()
+    expected, _ = change_feed(spark, twin.ref.checkpoint)
+    assert {r[1] for r in expected} == {"update", "delete"}
+    assert change_feed(spark, twin.test.checkpoint)[0] == expected
+    assert arrow_rows(spark_state.read_changes(twin.test.checkpoint)) == expected
+    end = twin.ref.run_ends[-1]
+    replayed = []
+    for partition in (0, 1):
+        replayed += statestore_rows(spark, twin.test.checkpoint, batchId=end, snapshotStartBatchId=1,
+                                    snapshotPartitionId=partition)
+    assert sort_rows(replayed) == statestore_rows(spark, twin.ref.checkpoint, batchId=end)
 
 
 REPLAYS = [("agg_update", {}), ("session_window", {}), ("join_left_outer", {"joinSide": "left"}),
@@ -102,3 +125,15 @@ def test_history_after_compaction_and_retention(spark, tmp_path):
         replayed += statestore_rows(spark, twin.test.checkpoint, batchId=end, snapshotStartBatchId=2,
                                     snapshotPartitionId=partition)
     assert sort_rows(replayed) == statestore_rows(spark, twin.ref.checkpoint, batchId=end)
+
+
+def test_a_rescale_starts_each_new_partitions_history_anew(finished, tmp_path):
+    """The rescale's batch is written as slices of the old partitions' files, not as changes: asking for it (or
+    anything before it) under the new partition count fails by name."""
+    ckpt = finished.copy(tmp_path / "ckpt")
+    last = finished.query.last_batch()
+    spark_state.rescale(str(ckpt), 3)
+    with pytest.raises(HistoryUnavailable, match=rf"batches {last + 1} were written as a whole state"):
+        spark_state.read_changes(ckpt, start_batch=last + 1)
+    with pytest.raises(HistoryUnavailable, match="rescale"):
+        spark_state.read_changes(ckpt, start_batch=0)
