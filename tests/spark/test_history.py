@@ -39,6 +39,15 @@ def change_feed(spark, checkpoint, start: int = 0, **options) -> tuple[list, int
     return sorted(last.values(), key=repr), len(rows)
 
 
+def replayed(spark, checkpoint, end: int, start: int, **options) -> list:
+    """Both partitions' state at batch `end`, replayed from batch `start` (Spark's snapshotStartBatchId), sorted."""
+    rows = []
+    for partition in (0, 1):
+        rows += statestore_rows(spark, checkpoint, batchId=end, snapshotStartBatchId=start,
+                                snapshotPartitionId=partition, **options)
+    return sort_rows(rows)
+
+
 def read_changes_args(options: dict) -> dict:
     return {"operator": int(options.get("operatorId", 0)), "store_name": options.get("storeName")}
 
@@ -73,11 +82,7 @@ def test_apply_in_pandas_with_state_timeouts_and_removals(spark, make_twin, tmp_
     assert change_feed(spark, twin.test.checkpoint)[0] == expected
     assert arrow_rows(spark_state.read_changes(twin.test.checkpoint)) == expected
     end = twin.ref.run_ends[-1]
-    replayed = []
-    for partition in (0, 1):
-        replayed += statestore_rows(spark, twin.test.checkpoint, batchId=end, snapshotStartBatchId=1,
-                                    snapshotPartitionId=partition)
-    assert sort_rows(replayed) == statestore_rows(spark, twin.ref.checkpoint, batchId=end)
+    assert replayed(spark, twin.test.checkpoint, end, 1) == statestore_rows(spark, twin.ref.checkpoint, batchId=end)
 
 
 REPLAYS = [("agg_update", {}), ("session_window", {}), ("join_left_outer", {"joinSide": "left"}),
@@ -93,11 +98,7 @@ def test_snapshot_replay_from_any_batch_is_the_state_hdfs_holds(spark, scenario_
     end = twin.ref.run_ends[-1]
     expected = statestore_rows(spark, twin.ref.checkpoint, batchId=end, **options)
     for start in (0, end - 1):
-        got = []
-        for partition in (0, 1):
-            got += statestore_rows(spark, twin.test.checkpoint, batchId=end, snapshotStartBatchId=start,
-                                   snapshotPartitionId=partition, **options)
-        assert sort_rows(got) == expected, f"replay from batch {start}"
+        assert replayed(spark, twin.test.checkpoint, end, start, **options) == expected, f"replay from batch {start}"
 
 
 def test_history_after_compaction_and_retention(spark, tmp_path):
@@ -120,11 +121,7 @@ def test_history_after_compaction_and_retention(spark, tmp_path):
     assert change_feed(spark, twin.test.checkpoint, start=2)[0] == expected
     assert arrow_rows(spark_state.read_changes(twin.test.checkpoint, start_batch=2)) == expected
     end = twin.ref.run_ends[-1]
-    replayed = []
-    for partition in (0, 1):
-        replayed += statestore_rows(spark, twin.test.checkpoint, batchId=end, snapshotStartBatchId=2,
-                                    snapshotPartitionId=partition)
-    assert sort_rows(replayed) == statestore_rows(spark, twin.ref.checkpoint, batchId=end)
+    assert replayed(spark, twin.test.checkpoint, end, 2) == statestore_rows(spark, twin.ref.checkpoint, batchId=end)
 
 
 def test_a_rescale_starts_each_new_partitions_history_anew(finished, tmp_path):
