@@ -58,4 +58,13 @@ def read_state(checkpoint_location, operator=0, store_name=None, batch=None, par
     return _read_state(checkpoint_location, operator, store_name, batch, partitions, **kwargs)
 
 
-__all__ = ["PROVIDER_CLASS", "configure", "migrate", "read_state", "rescale", "restore", "savepoint", "shim_jar", "__version__"]
+def read_changes(checkpoint_location, operator=0, store_name=None, start_batch=0, end_batch=None, partitions=None,
+                 **kwargs):
+    """The changes each batch made to one operator's state as a pyarrow Table, without Spark
+    (spark_state.lifecycle.reading)."""
+    from spark_state.lifecycle.reading import read_changes as _read_changes
+
+    return _read_changes(checkpoint_location, operator, store_name, start_batch, end_batch, partitions, **kwargs)
+
+
+__all__ = ["PROVIDER_CLASS", "configure", "migrate", "read_changes", "read_state", "rescale", "restore", "savepoint", "shim_jar", "__version__"]

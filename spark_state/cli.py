@@ -4,6 +4,7 @@
     spark-state inspect   LOCATION -o OP -p PART   one store: rows, key-group histogram, chain of files
     spark-state validate  LOCATION                 every named file exists and matches its checksum
     spark-state export    LOCATION OUTPUT          state of a batch as Parquet
+    spark-state changes   LOCATION [OUTPUT]        what each batch changed (Parquet, a table, or --json)
     spark-state savepoint LOCATION [--target DIR]  a self-contained savepoint of a batch
     spark-state restore   SOURCE TARGET [--batch]  a new checkpoint that resumes at a batch
     spark-state rescale   LOCATION N               change the partition count, metadata only
@@ -75,6 +76,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("output", help="new or empty directory")
     p.add_argument("--batch", type=int, help="committed batch (default: the latest)")
     p.add_argument("-o", "--operator", type=int, action="append", help="only this operator (repeatable)")
+
+    p = sub.add_parser("changes", parents=[common], help="what each batch changed in an operator's state "
+                                                         "(Spark's change feed), as Parquet, a table or --json")
+    p.add_argument("location")
+    p.add_argument("output", nargs="?", help="a new .parquet file (default: print the rows)")
+    p.add_argument("-o", "--operator", type=int, default=0)
+    p.add_argument("-s", "--store", help="store name (joins have four)")
+    p.add_argument("--start-batch", type=int, default=0, help="first batch (default 0)")
+    p.add_argument("--end-batch", type=int, help="last batch (default: the latest committed)")
+    p.add_argument("-p", "--partition", type=int, action="append", help="only this partition (repeatable)")
 
     p = sub.add_parser("savepoint", parents=[common], help="a self-contained savepoint of a committed batch")
     p.add_argument("location")
@@ -214,6 +225,8 @@ def _run(args) -> tuple[object, Callable[[object], None], int]:
                    progress=progress)
         return r, lambda r: print(f"exported batch {r.batch}: {r.rows} rows in {r.files} Parquet files under "
                                   f"{r.output}"), EXIT_OK
+    if args.command == "changes":
+        return _changes(args, options), _show_changes, EXIT_OK
     if args.command == "savepoint":
         from spark_state.lifecycle.savepoint import read_savepoint, savepoint
 
@@ -244,6 +257,47 @@ def _run(args) -> tuple[object, Callable[[object], None], int]:
                                   f"{r.rows} rows, {_human(r.bytes)} in {r.seconds:.1f} s; start the query there to "
                                   f"resume with batch {r.batch + 1}"), EXIT_OK
     raise AssertionError(args.command)
+
+
+def _changes(args, options) -> dict:
+    """``spark-state changes``: the rows of read_changes, written as Parquet when an output is given."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from spark_state.errors import CheckpointError
+    from spark_state.lifecycle.reading import read_changes
+    from spark_state.storage.directory import Dir
+
+    table = read_changes(args.location, args.operator, args.store, args.start_batch, args.end_batch, args.partition,
+                         options=options)
+    result = {"operator": args.operator, "rows": table.num_rows}
+    if args.output:
+        parent, _, name = args.output.rstrip("/").rpartition("/")
+        out = Dir(parent or ".")
+        if out.exists(name):
+            raise CheckpointError(f"refusing to overwrite {args.output}; give a new file.")
+        sink = io.BytesIO()
+        pq.write_table(table, sink, compression="zstd")
+        out.copy_in(name, sink.getvalue())
+        result["output"] = args.output
+    else:
+        result["changes"] = table.to_pylist()
+    return result
+
+
+def _show_changes(r: dict) -> None:
+    from rich.table import Table
+
+    if "output" in r:
+        print(f"wrote {r['rows']} changes of operator {r['operator']} to {r['output']}")
+        return
+    table = Table(box=None, pad_edge=False)
+    for col in ("batch_id", "change_type", "key", "value", "partition_id"):
+        table.add_column(col)
+    for row in r["changes"]:
+        table.add_row(*(str(row[c]) for c in ("batch_id", "change_type", "key", "value", "partition_id")))
+    _console().print(table)
 
 
 def _jsonable(value):

@@ -51,6 +51,10 @@ class StaleState(SparkStateError):
     """A commit built on a version that storage no longer holds (another task attempt re-committed it)."""
 
 
+class HistoryUnavailable(SparkStateError):
+    """Changes asked for are no longer recorded (retention dropped them, or a version was written whole)."""
+
+
 class ProtocolError(SparkStateError):
     """A malformed request between the JVM shim and the worker."""
 

@@ -5,8 +5,10 @@ read: manifests, records, chains, data files), ``commit``, ``compaction`` and
 ``retention`` each hold one concern and share only ``StoreContext``
 (``context.py``: where the store is, its settings, this process's locks and
 pins). ``merge`` folds a chain into a state, ``rowkeys`` compares typed keys,
-``references`` tracks files other stores' manifests name after a rescale, and
-``registry`` opens stores (one factory, for the worker and the tools).
+``references`` tracks files other stores' manifests name after a rescale,
+``history`` reads back the changes each version's commit recorded (Spark's
+change feed, snapshot replay, ``read_changes``), and ``registry`` opens stores
+(one factory, for the worker and the tools).
 docs/consistency.md has the rules every part keeps.
 """
 

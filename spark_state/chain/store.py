@@ -43,6 +43,7 @@ import pyarrow as pa
 from spark_state.chain.commit import UNCHECKED, CommitResult, Committer
 from spark_state.chain.compaction import Compactor
 from spark_state.chain.context import StoreContext
+from spark_state.chain.history import History
 from spark_state.chain.reader import ChainReader, Loaded
 from spark_state.chain.retention import Retention
 from spark_state.options import Settings
@@ -64,6 +65,7 @@ class VersionedStore:
         self.compactor = Compactor(self.ctx, self.reader)
         self.committer = Committer(self.ctx, self.reader, self.compactor)
         self.retention = Retention(self.ctx, self.reader)
+        self.history = History(self.reader)
         self.maintenance_failures = 0              # consecutive failed maintenance runs
         self.maintenance_error: str | None = None
         self.last_used = time.monotonic()

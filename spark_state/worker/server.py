@@ -166,6 +166,27 @@ class Dispatcher:
                               "temporary": image.temporary, "fileFormat": int(loaded.file_format)}
         return reply, (b"" if loaded.table is None else IpcBody(loaded.table))
 
+    def op_changes(self, header, body):
+        """The changes `version`'s commit recorded (deletes as null values), for Spark's change feed. With
+        ``through``, first checks that every version up to it has its changes recorded (HistoryUnavailable
+        names those that do not), so a feed fails before its first row rather than part-way."""
+        version = _int_field(header, "version")
+        through = _optional_int(header, "through")
+        history = self._store(header).history
+        if through is not None:
+            history.recorded(version, through)
+        [(_, table)] = history.changes(version, version)
+        return {"ok": True, "rows": table.num_rows}, IpcBody(table)
+
+    def op_replay(self, header, body):
+        """The state at `version` rebuilt from the state at `snapshotVersion` and the changes recorded after it
+        (Spark's snapshot replay), with `version`'s commit id."""
+        version = _int_field(header, "version")
+        store = self._store(header)
+        table = store.history.replay(_int_field(header, "snapshotVersion"), version)
+        commit_id = store.reader.read_manifest(version).commit_id if version in store.versions() else None
+        return {"ok": True, "rows": table.num_rows, "commitId": commit_id}, IpcBody(table)
+
     def op_latest(self, header, body):
         return {"ok": True, "version": self._store(header).latest_version()}, b""
 

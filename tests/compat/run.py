@@ -8,7 +8,9 @@ the development environment), then tests/support/wheel_app.py twice with ``java`
 PATH: a running-total applyInPandasWithState query, stopped and restarted from its checkpoint
 in a second application, must continue every key's total, and the provider-contract check
 (no abstract method of that version's StateStoreProvider / StateStore / ReadStateStore left
-unimplemented by the shim classes, loaded in that version's JVM) must come back empty.
+unimplemented by the shim classes, loaded in that version's JVM) must come back empty, and in the
+second application Spark's change feed, snapshot replay and read_changes must agree
+(``history_problems``).
 Prints one line per version with the measured times; exits 1 if any version failed.
 """
 
@@ -35,6 +37,26 @@ def install(wheel: Path, version: str, work: Path) -> tuple[Path, float]:
     python = wheel_env.make_venv(work / "venv")
     wheel_env.pip_install(python, wheel, f"pyspark=={version}", log=work / "pip.log")
     return python, round(time.monotonic() - t0, 1)
+
+
+def history_problems(phase: int, history: dict | None) -> list[str]:
+    """What is wrong with the state's history an app reported: Spark's change feed must list one update per key
+    each batch changed and be what read_changes returns; snapshot replay must rebuild the state Spark reads."""
+    if phase < 2:
+        return []
+    if not history:
+        return [f"phase {phase} reported no history"]
+    problems = []
+    feed = [json.loads(r) for r in history["feed"]]
+    changed = sorted((r["batch_id"], r["key"]["k"], r["change_type"]) for r in feed)
+    expected = sorted((p - 1, k, "update") for p in range(1, phase + 1) for k in {k for k, _ in wheel_app.EVENTS[p]})
+    if changed != expected:
+        problems.append(f"change feed lists {changed}, expected {expected}")
+    if history["read_changes"] != history["feed"]:
+        problems.append(f"read_changes {history['read_changes']} is not the change feed {history['feed']}")
+    if history["replayed"] != history["state"] or not history["state"]:
+        problems.append(f"snapshot replay gave {history['replayed']}, the state is {history['state']}")
+    return problems
 
 
 def check_version(installing: Future, version: str, work: Path) -> dict:
@@ -64,6 +86,7 @@ def check_version(installing: Future, version: str, work: Path) -> dict:
                 problems.append(f"phase {phase} totals {result['totals']}, expected {expected}")
             if "io.sparkstate.shim.MaintenanceWarnings" not in result["listeners"]:
                 problems.append(f"phase {phase}: spark_state's query listener is not registered: {result['listeners']}")
+            problems += history_problems(phase, result.get("history"))
             unimplemented = {c: m for c, m in result["contract"].items() if m}
             if unimplemented:
                 problems.append(f"abstract methods left unimplemented: {unimplemented}")

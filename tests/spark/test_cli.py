@@ -158,3 +158,22 @@ def test_commands_work_on_s3_urls(finished, tmp_path, bucket):
     resumed = finished.query_on(tmp_path / "restored")
     assert resumed.run() == [3, 4]
     assert resumed.outputs == {b: finished.query.outputs[b] for b in (3, 4)}
+
+
+def test_changes_writes_parquet_prints_json_and_matches_read_changes(finished, tmp_path):
+    import pyarrow.parquet as pq
+
+    import spark_state
+
+    table = spark_state.read_changes(finished.checkpoint, start_batch=1)
+    assert table.num_rows and set(table.column("change_type").to_pylist()) == {"update", "delete"}
+    code, out = cli_json("changes", finished.checkpoint, "--start-batch", "1")
+    assert code == 0 and out["rows"] == table.num_rows
+    assert [(r["batch_id"], r["change_type"], r["key"], r["partition_id"]) for r in out["changes"]] == \
+        [(r["batch_id"], r["change_type"], r["key"], r["partition_id"]) for r in table.to_pylist()]
+    cli("changes", finished.checkpoint, tmp_path / "changes.parquet", "--start-batch", "1", "-p", "1")
+    assert pq.read_table(tmp_path / "changes.parquet").equals(
+        spark_state.read_changes(finished.checkpoint, start_batch=1, partitions=[1]))
+    done = cli("changes", finished.checkpoint, tmp_path / "changes.parquet", check=False)
+    assert done.returncode == 2 and "refusing to overwrite" in done.stderr
+    assert "update" in cli("changes", finished.checkpoint, "--end-batch", "1").stdout

@@ -13,7 +13,10 @@ the plain conf (``--jars`` and ``--conf`` lines, e.g. from spark-submit). It pri
 ``RESULT {json}``: Spark's version, the shim jar, whether javac is on PATH, the provider
 class in use, the query listeners registered (spark_state's maintenance warnings among them),
 the provider-contract check (abstract methods the shim classes leave
-unimplemented on this Spark), each key's latest total and the Python that ran the UDF.
+unimplemented on this Spark), each key's latest total and the Python that ran the UDF; from
+phase 2 on also the state's history: Spark's change feed and snapshot replay
+(``SupportsFineGrainedReplay``, whose signatures differ between Spark 4.0 and 4.1+) and
+``spark_state.read_changes``.
 """
 
 from __future__ import annotations
@@ -80,6 +83,28 @@ def contract(spark) -> dict[str, list[str]]:
     return problems
 
 
+def history(spark, checkpoint: Path) -> dict:
+    """The change feed (Spark's reader and read_changes, as JSON-able rows) and the state replayed from batch 0
+    next to the state Spark reads at the last batch."""
+    import spark_state
+
+    def plain(rows):
+        return sorted((json.dumps(r, sort_keys=True, default=str) for r in rows))
+
+    reader = spark.read.format("statestore")
+    feed = reader.option("readChangeFeed", "true").option("changeStartBatchId", 0).load(str(checkpoint))
+    replayed = []
+    for partition in (0, 1):
+        replayed += (spark.read.format("statestore").option("snapshotStartBatchId", 0)
+                     .option("snapshotPartitionId", partition).load(str(checkpoint)).collect())
+    return {
+        "feed": plain(r.asDict(recursive=True) for r in feed.collect()),
+        "read_changes": plain(spark_state.read_changes(str(checkpoint)).to_pylist()),
+        "replayed": plain(r.asDict(recursive=True) for r in replayed),
+        "state": plain(r.asDict(recursive=True) for r in spark.read.format("statestore").load(str(checkpoint)).collect()),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("workdir", type=Path)
@@ -137,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         "totals": totals,
         "pythons": sorted({row["python"] for row in outputs}),
         "pid": os.getpid(),
+        "history": history(spark, args.workdir / "checkpoint") if args.phase > 1 else None,
     }
     spark.stop()
     print("RESULT " + json.dumps(result), flush=True)

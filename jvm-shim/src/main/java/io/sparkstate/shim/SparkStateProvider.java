@@ -20,10 +20,15 @@ import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
 import org.apache.spark.sql.execution.streaming.state.StateStoreCustomMetric;
 import org.apache.spark.sql.execution.streaming.state.StateStoreId;
 import org.apache.spark.sql.execution.streaming.state.StateStoreProvider;
+import org.apache.spark.sql.execution.streaming.state.SupportsFineGrainedReplay;
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.types.StructType;
+import org.apache.spark.util.NextIterator;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
+import scala.Enumeration;
 import scala.Option;
+import scala.Tuple4;
 import scala.jdk.javaapi.CollectionConverters;
 
 /**
@@ -34,7 +39,7 @@ import scala.jdk.javaapi.CollectionConverters;
  *
  * <p>Enable with {@code spark.sql.streaming.stateStore.providerClass=io.sparkstate.shim.SparkStateProvider}.
  */
-public class SparkStateProvider implements StateStoreProvider {
+public class SparkStateProvider implements StateStoreProvider, SupportsFineGrainedReplay {
   private static final Logger LOG = LoggerFactory.getLogger(SparkStateProvider.class);
   /** Spark's local property with the running query's id (StreamExecution sets it on every task). */
   static final String QUERY_ID_PROPERTY = "sql.streaming.queryId";
@@ -437,6 +442,52 @@ public class SparkStateProvider implements StateStoreProvider {
       live = null;
       version.rows.close();
     }
+  }
+
+  // ------------------------------------------------------------------ history (SupportsFineGrainedReplay)
+  // Spark's change feed and snapshot replay, read by ChangeFeed. Spark 4.1+ passes checkpoint ids
+  // (refused, as in getStore); Spark 4.0 declares the shorter signatures (no @Override, see SparkCompat).
+
+  public NextIterator<Tuple4<Enumeration.Value, UnsafeRow, UnsafeRow, Object>> getStateStoreChangeDataReader(
+      long startVersion, long endVersion, Option<String> colFamilyNameOpt, Option<String> endStateStoreCkptId) {
+    checkVersion(endVersion, endStateStoreCkptId);
+    Unsupported.checkColumnFamily(colFamilyNameOpt.isDefined() ? colFamilyNameOpt.get() : null, this);
+    return history().changes(startVersion, endVersion);
+  }
+
+  /** Spark 4.0. */
+  public NextIterator<Tuple4<Enumeration.Value, UnsafeRow, UnsafeRow, Object>> getStateStoreChangeDataReader(
+      long startVersion, long endVersion, Option<String> colFamilyNameOpt) {
+    return getStateStoreChangeDataReader(startVersion, endVersion, colFamilyNameOpt, Option.empty());
+  }
+
+  public StateStore replayStateFromSnapshot(long snapshotVersion, long endVersion, boolean readOnly,
+      Option<String> startStateStoreCkptId, Option<String> endStateStoreCkptId) {
+    checkVersion(snapshotVersion, startStateStoreCkptId);
+    checkVersion(endVersion, endStateStoreCkptId);
+    return new SparkStateStore(this, history().replay(snapshotVersion, endVersion), format.newChangeLog(0), 0,
+        client.restarts());
+  }
+
+  /** Spark 4.0. */
+  public StateStore replayStateFromSnapshot(long snapshotVersion, long endVersion) {
+    return replayStateFromSnapshot(snapshotVersion, endVersion, false, Option.empty(), Option.empty());
+  }
+
+  public ReadStateStore replayReadStateFromSnapshot(long snapshotVersion, long endVersion,
+      Option<String> startStateStoreCkptId, Option<String> endStateStoreCkptId) {
+    checkVersion(snapshotVersion, startStateStoreCkptId);
+    checkVersion(endVersion, endStateStoreCkptId);
+    return new SparkStateReadStore(this, history().replay(snapshotVersion, endVersion));
+  }
+
+  /** Spark 4.0. */
+  public ReadStateStore replayReadStateFromSnapshot(long snapshotVersion, long endVersion) {
+    return replayReadStateFromSnapshot(snapshotVersion, endVersion, Option.empty(), Option.empty());
+  }
+
+  private ChangeFeed history() {
+    return new ChangeFeed(client, keySchema, valueSchema, this::newMap);
   }
 
   // ------------------------------------------------------------------ maintenance, close, metrics

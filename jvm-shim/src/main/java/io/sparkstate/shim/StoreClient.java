@@ -28,6 +28,8 @@ final class StoreClient {
   static final String OP_COMMIT = "commit";
   static final String OP_ABORT = "abort";
   static final String OP_MAINTENANCE = "maintenance";
+  static final String OP_CHANGES = "changes";
+  static final String OP_REPLAY = "replay";
 
   private static final JsonNodeFactory NODES = JsonNodeFactory.instance;
   /** Option sets the worker validated in this JVM (validate once per distinct set), with the memory limit it answered. */
@@ -188,6 +190,29 @@ final class StoreClient {
     h.put("minVersionsToRetain", minVersionsToRetain);
     h.put("version", version);
     return new Maintenance(send(h, null, null));
+  }
+
+  /**
+   * {@code changes}: the changes {@code version}'s commit recorded (deletes as null values), read by
+   * {@code loader}; with {@code through >= version} the worker first checks that every version up to
+   * {@code through} has its changes recorded.
+   */
+  <T> T changes(long version, long through, Loader<T> loader) {
+    ObjectNode h = request(OP_CHANGES);
+    h.put("version", version);
+    if (through >= version) {
+      h.put("through", through);
+    }
+    return send(h, null, (reply, body) -> loader.read(reply.path("rows").asLong(0), null, body));
+  }
+
+  /** {@code replay}: the state at {@code version} rebuilt from {@code snapshotVersion}, read by {@code loader}. */
+  <T> T replay(long snapshotVersion, long version, Loader<T> loader) {
+    ObjectNode h = request(OP_REPLAY);
+    h.put("snapshotVersion", snapshotVersion);
+    h.put("version", version);
+    return send(h, null, (reply, body) -> loader.read(reply.path("rows").asLong(0),
+        reply.path("commitId").asText(null), body));
   }
 
   private ObjectNode request(String op) {

@@ -20,7 +20,8 @@
  *       {@link io.sparkstate.shim.FlatStructWriter} and {@link io.sparkstate.shim.ArrowCodec}, and
  *       {@link io.sparkstate.shim.KeyHasher} (Spark's partition hash, key groups).</li>
  *   <li><b>The worker</b> (docs/protocol.md): {@link io.sparkstate.shim.StoreClient} (the requests, one
- *       method per op), {@link io.sparkstate.shim.WorkerClient} (the pool, retries, replacement),
+ *       method per op), {@link io.sparkstate.shim.ChangeFeed} (a store's history for Spark's change feed
+ *       and snapshot replay), {@link io.sparkstate.shim.WorkerClient} (the pool, retries, replacement),
  *       {@link io.sparkstate.shim.WorkerConnection} (frames), {@link io.sparkstate.shim.WorkerProcess}
  *       (start and stop), {@link io.sparkstate.shim.Options}.</li>
  * </ul>
