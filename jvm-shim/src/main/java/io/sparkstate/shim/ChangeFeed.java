@@ -45,7 +45,7 @@ final class ChangeFeed {
 
   /** The state at {@code endVersion}, rebuilt from {@code snapshotVersion} and the changes recorded after it. */
   StateVersion replay(long snapshotVersion, long endVersion) {
-    return client.replay(snapshotVersion, endVersion, (rows, commitId, state) -> {
+    return client.replay(snapshotVersion, endVersion, (rows, commitId, image, state) -> {
       StateMap map = newMap.apply(rows);
       boolean typed = ArrowCodec.decodeState(state, keySchema, valueSchema, map::put);
       return new StateVersion(map, endVersion, commitId, typed);
@@ -88,7 +88,7 @@ final class ChangeFeed {
     Long batch = version - 1;
     Enumeration.Value put = RecordType$.MODULE$.PUT_RECORD();
     Enumeration.Value delete = RecordType$.MODULE$.DELETE_RECORD();
-    return client.changes(version, through, (rows, commitId, in) -> {
+    return client.changes(version, through, (rows, commitId, image, in) -> {
       List<Tuple4<Enumeration.Value, UnsafeRow, UnsafeRow, Object>> out = new ArrayList<>((int) Math.min(rows, 1 << 16));
       ArrowCodec.decodeState(in, keySchema, valueSchema, (k, v) -> out.add(v == null
           ? new Tuple4<>(delete, k.copy(), null, batch)

@@ -478,7 +478,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
       Option<String> startStateStoreCkptId, Option<String> endStateStoreCkptId) {
     checkVersion(snapshotVersion, startStateStoreCkptId);
     checkVersion(endVersion, endStateStoreCkptId);
-    return new SparkStateReadStore(this, history().replay(snapshotVersion, endVersion));
+    return new SparkStateReadStore(this, history().replay(snapshotVersion, endVersion), true);
   }
 
   /** Spark 4.0. */

@@ -203,7 +203,7 @@ final class StoreClient {
     if (through >= version) {
       h.put("through", through);
     }
-    return send(h, null, (reply, body) -> loader.read(reply.path("rows").asLong(0), null, body));
+    return send(h, null, (reply, body) -> loader.read(reply.path("rows").asLong(0), null, null, body));
   }
 
   /** {@code replay}: the state at {@code version} rebuilt from {@code snapshotVersion}, read by {@code loader}. */
@@ -212,7 +212,7 @@ final class StoreClient {
     h.put("snapshotVersion", snapshotVersion);
     h.put("version", version);
     return send(h, null, (reply, body) -> loader.read(reply.path("rows").asLong(0),
-        reply.path("commitId").asText(null), body));
+        reply.path("commitId").asText(null), null, body));
   }
 
   private ObjectNode request(String op) {
