@@ -499,7 +499,9 @@ def read_key_groups(fetch: Fetch, name: str, index_offset: int, index_length: in
     trusted = verify
     if file_format != FileFormat.OPAQUE:
         all_offsets = index.column("offset").to_numpy()
-        schema, head = _read_head(fetch, name, int(all_offsets.min()) if len(all_offsets) else index_offset)
+        # the head ends where the first batch starts; a file of no batches: where its end-of-stream marker does
+        head_end = int(all_offsets.min()) if len(all_offsets) else index_offset - len(_EOS)
+        schema, head = _read_head(fetch, name, head_end)
         if verify and checksum is not None and index_checksum is not None:
             _check_head(head, name, index, index_offset, index_length, index_checksum, checksum, file_format)
         else:

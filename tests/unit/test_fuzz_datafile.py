@@ -122,3 +122,18 @@ def test_a_damaged_head_of_a_typed_file_fails_a_verified_key_group_read():
                                           None).column("offset")[0].as_py())   # in the head
     with pytest.raises(ChecksumMismatch, match="head"):
         _subset(enc, damaged)
+
+
+def test_an_empty_typed_delta_reads_by_key_group():
+    """A batch that changed no key of a partition writes a typed delta of no batches; a rescaled partition's
+    slice reads it by key groups (the head check once took its end-of-stream marker for part of the head)."""
+    import numpy as np
+
+    from spark_state.format.tables import typed_schema
+
+    schema = typed_schema(pa.struct([("user", pa.string())]), pa.struct([("sum", pa.int64())]))
+    f = datafile.encode(schema.empty_table(), arrival_order=True)
+    table = datafile.read_key_groups(lambda ranges: [f.data[a:b] for a, b in ranges], "empty-delta", f.index_offset,
+                                     f.index_length, f.index_checksum, np.array([1, 3], dtype=np.int32), True,
+                                     file_format=f.file_format, checksum=f.checksum, max_parallelism=100800)
+    assert table.num_rows == 0
