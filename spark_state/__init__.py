@@ -3,7 +3,7 @@
 Turn it on with ``spark_state.configure(SparkSession.builder)``; see README.md.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 #: The Java class Spark instantiates (spark.sql.streaming.stateStore.providerClass).
 PROVIDER_CLASS = "io.sparkstate.shim.SparkStateProvider"
