@@ -61,7 +61,7 @@ dist: $(STAMP)
 	$(PY) -m twine check --strict dist/*
 
 docs: $(STAMP)
-	$(PY) -m mkdocs build --strict --site-dir build/site
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir build/site
 
 test-compat: install
 	$(PY) -m tests.compat.run $(COMPAT_ARGS)

@@ -210,5 +210,14 @@ DESCRIPTIONS = {
                     "local disk. Default: a quarter of the executor's heap."),
 }
 
+
+def documented() -> list[tuple[str, str, str]]:
+    """(Spark conf key, ``configure()`` keyword, description) of every option, in definition order.
+
+    The user guide's options table is generated from this (docs/hooks.py), so it cannot drift from the code.
+    """
+    return [(PREFIX + short, field_name, DESCRIPTIONS[short]) for short, (field_name, _) in _SPECS.items()]
+
+
 assert set(DESCRIPTIONS) == set(_SPECS)
 assert {f.name for f in fields(Settings)} == {f for f, _ in _SPECS.values()}
