@@ -1,6 +1,6 @@
 """spark_state: Flink-style key-group snapshots as a Spark Structured Streaming state store.
 
-Turn it on with ``spark_state.configure(SparkSession.builder)``; see README.md.
+Turn it on with ``spark_state.configure(SparkSession.builder)``; see README.md and the user guide in docs/.
 """
 
 __version__ = "0.2.0"

@@ -183,7 +183,7 @@ _SPECS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "memoryLimit": ("memory_limit", _size),
 }
 
-#: Short option name -> one-line description, for the README and conf/.
+#: Short option name -> one-line description, for the user guide (documented()) and conf/.
 DESCRIPTIONS = {
     "storage": "Checkpoint storage: 'filesystem' (any fsspec URL, durable) or 'memory' (worker process memory).",
     "checkpointRoot": "Root URL of the filesystem storage. Default: Spark's own state directory of each store.",
