@@ -17,6 +17,8 @@ from mkdocs.structure.files import File
 ROOT = Path(__file__).resolve().parent.parent
 PLOTS = ROOT / "benchmarks" / "results"
 _SPEC = re.compile(r"<!-- module-spec: ([\w.]+) -->")
+#: A docstring paragraph laid out as a table: a word, two or more spaces, text, then indented lines.
+_TABLE = re.compile(r"\A\w+ {2,}\S.*\n {2,}\S")
 
 
 def options_table() -> str:
@@ -29,14 +31,19 @@ def options_table() -> str:
 
 
 def module_spec(module: str) -> str:
-    """A module's docstring as Markdown: reST's ``literal`` becomes `literal`, ``::`` blocks stay indented code."""
+    """A module's docstring as Markdown: reST's ``literal`` becomes `literal`, ``::`` blocks stay indented code,
+    "term   text" tables keep their layout."""
     path = ROOT.joinpath(*module.split(".")).with_suffix(".py")
     doc = ast.get_docstring(ast.parse(path.read_text()))
     if not doc:
         raise ValueError(f"{module} has no docstring to publish")
-    text = re.sub(r"``([^`]+)``", r"`\1`", doc)
-    text = re.sub(r"::\n", ":\n", text)
-    return f"Source: `{path.relative_to(ROOT)}`\n\n{text}"
+    paragraphs = []
+    for paragraph in doc.split("\n\n"):
+        if _TABLE.match(paragraph):   # "term    text" lines with hanging indents: keep their layout
+            paragraphs.append(f"```text\n{paragraph}\n```")
+        else:
+            paragraphs.append(re.sub(r"::$", ":", re.sub(r"``([^`]+)``", r"`\1`", paragraph), flags=re.M))
+    return f"Source: `{path.relative_to(ROOT)}`\n\n" + "\n\n".join(paragraphs)
 
 
 def on_page_markdown(markdown: str, **_) -> str:
