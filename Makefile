@@ -53,11 +53,10 @@ shim: $(STAMP)
 wheel: $(STAMP)
 	$(PY) -m pip wheel --no-deps -w dist .
 
-# The sdist, then the wheel built from the unpacked sdist (not from the checkout), both checked by twine.
+# The sdist, then the wheel built from the unpacked sdist (python -m build does both), checked by twine.
 dist: $(STAMP)
 	rm -rf dist
-	$(PY) -m build --sdist --outdir dist .
-	$(PY) -m pip wheel --no-deps -w dist dist/spark_state-*.tar.gz
+	$(PY) -m build --outdir dist .
 	$(PY) -m twine check --strict dist/*
 
 docs: $(STAMP)

@@ -75,8 +75,7 @@ def _contents(wheel) -> dict:
 
 @needs_jdk
 def test_the_sdist_builds_the_same_wheel_and_both_pass_twine_check(wheel, tmp_path):
-    sdist = wheel_env.build_sdist(tmp_path / "sdist")
-    from_sdist = wheel_env.build_wheel(tmp_path / "wheel", source=sdist)
+    sdist, from_sdist = wheel_env.build_release(tmp_path / "release")
     assert sdist.name == f"spark_state-{spark_state.__version__}.tar.gz"
     assert from_sdist.name == wheel.name == f"spark_state-{spark_state.__version__}-py3-none-any.whl"
     assert _contents(from_sdist) == _contents(wheel)

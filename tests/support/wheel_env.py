@@ -47,29 +47,28 @@ def run(cmd: list, *, log: Path, env: dict | None = None, cwd: Path | None = Non
     return text
 
 
-def build_wheel(dest: Path, *, isolated: bool = True, source: Path | None = None) -> Path:
-    """Builds the wheel into ``dest`` from ``source`` (an sdist), by default from a clean copy of the
-    source tree (as from a fresh clone).
+def build_wheel(dest: Path, *, isolated: bool = True) -> Path:
+    """Builds the wheel from a clean copy of the source tree (as from a fresh clone) into ``dest``.
 
     ``isolated`` is pip's PEP 517 build isolation: the build installs its own pyspark
     (jvm-shim/wheel_backend.py); without it the current environment's pyspark is used.
     """
-    if source is None:
-        source = dest / "src"
-        shutil.copytree(ROOT, source, ignore=NOT_IN_CLONE)
-    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", dest, source]
+    src = dest / "src"
+    shutil.copytree(ROOT, src, ignore=NOT_IN_CLONE)
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", dest, src]
     if not isolated:
         cmd.insert(4, "--no-build-isolation")
     run(cmd, log=dest / "build.log")
     return _one(dest, "spark_state-*.whl")
 
 
-def build_sdist(dest: Path) -> Path:
-    """Builds the sdist from a clean copy of the source tree into ``dest`` (``python -m build --sdist``)."""
+def build_release(dest: Path) -> tuple[Path, Path]:
+    """The sdist and the wheel built from it (``python -m build``, as ``make dist``), from a clean copy of the
+    source tree, into ``dest``."""
     src = dest / "src"
     shutil.copytree(ROOT, src, ignore=NOT_IN_CLONE)
-    run([sys.executable, "-m", "build", "--sdist", "--outdir", dest, src], log=dest / "build.log")
-    return _one(dest, "spark_state-*.tar.gz")
+    run([sys.executable, "-m", "build", "--outdir", dest, src], log=dest / "build.log")
+    return _one(dest, "spark_state-*.tar.gz"), _one(dest, "spark_state-*.whl")
 
 
 def _one(directory: Path, pattern: str) -> Path:
