@@ -7,7 +7,7 @@
 #   make dist   builds the sdist, then the wheel from that sdist (what an index serves), and checks both with twine
 #   make docs   builds the user guide (docs/, mkdocs.yml) into build/site with warnings as errors
 #   make test-compat  the compat matrix alone: the wheel on Python 3.10, 3.12 and 3.13 beside pyspark
-#               4.0, 4.1 and 4.2 (~4 min with pip's cache warm); make test COMPAT=0 skips it
+#               4.0, 4.1 and 4.2 (~3 min with pip's cache warm); make test COMPAT=0 skips it
 PYTHON ?= python3.11
 VENV   ?= .venv
 PY     := $(VENV)/bin/python

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
+import spark_state
 from spark_state.options import PREFIX, documented
 from tests.support import doc_examples
 from tests.support.paths import ROOT
@@ -50,3 +52,9 @@ def test_the_readmes_first_screen_says_what_how_to_install_and_how_to_turn_it_on
     assert "state store for Spark Structured Streaming" in first_screen
     assert "pip install" in first_screen
     assert "spark_state.configure(" in first_screen
+
+
+def test_file_names_in_the_docs_carry_the_current_version():
+    for page in doc_examples.pages():
+        for version in re.findall(r"spark_state-(\d+\.\d+\.\d+)", page.read_text()):
+            assert version == spark_state.__version__, f"{page.name} names spark_state {version}"
