@@ -24,7 +24,8 @@ _TABLE = re.compile(r"\A\w+ {2,}\S.*\n {2,}\S")
 def options_table() -> str:
     from spark_state.options import PREFIX, documented
 
-    rows = [f"| option (`{PREFIX}…`) | `configure()` keyword | meaning |", "|---|---|---|"]
+    rows = [f"Each option's Spark conf key is `{PREFIX}` followed by its name.", "",
+            "| option | `configure()` keyword | meaning |", "|---|---|---|"]
     for key, keyword, description in documented():
         rows.append(f"| `{key[len(PREFIX):]}` | `{keyword}` | {description} |")
     return "\n".join(rows)
