@@ -62,6 +62,15 @@ FULL = Profile("full", micro_sizes=[100_000, 1_000_000], memory_sizes=[1_000_000
                pandas=dict(files=5, rows_per_file=50_000, keys=10_000),
                driver_memory="4g")
 
+# what a restore measures beside getStore's time (raw key, metric label, unit; lower is better)
+RESTORE_EXTRAS = [
+    ("first_get_ms", "first get after the restore", "ms"),
+    ("iterate_ms", "full scan after the restore", "ms"),
+    ("restore_heap_bytes_per_row", "JVM heap per row after the restore (after GC)", "B"),
+    ("batch_1pct_after_restore_ms", "first batch after the restore: get+put 1% of keys, commit", "ms"),
+    ("batch_heap_bytes_per_row", "JVM heap per row after that batch (after GC)", "B"),
+]
+
 # (raw key, metric label, unit, better, scale)
 MICRO_METRICS = [
     ("put_ns", "put, insert (per row)", "ns", "lower", 1),
@@ -183,6 +192,9 @@ class Runner:
                                 f"probe key found={r.get('found')}")
         self.record("restore", "restore_ms", "getStore(latest) on a fresh provider", "ms", "lower", n, pr,
                     r["restore_ms"])
+        for key, label, unit in RESTORE_EXTRAS:
+            if key in r:
+                self.record("restore", key, label, unit, "lower", n, pr, max(0.0, r[key]))
         commits = w["commit_ms"][1:] or w["commit_ms"]
         self.record("checkpoint", "commit_mean_ms", f"commit, mean of batches 2..{p.batches} "
                     f"({p.change_pct:g}% changed)", "ms", "lower", n, pr, sum(commits) / len(commits))

@@ -183,6 +183,9 @@ _SPECS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "memoryLimit": ("memory_limit", _size),
 }
 
+#: Short option name -> its Settings field (the snake_case keyword of configure()).
+OPTION_FIELDS = {name: field for name, (field, _) in _SPECS.items()}
+
 #: Short option name -> one-line description, for the user guide (documented()) and conf/.
 DESCRIPTIONS = {
     "storage": "Checkpoint storage: 'filesystem' (any fsspec URL, durable) or 'memory' (worker process memory).",
@@ -216,7 +219,7 @@ def documented() -> list[tuple[str, str, str]]:
 
     The user guide's options table is generated from this (docs/hooks.py), so it cannot drift from the code.
     """
-    return [(PREFIX + short, field_name, DESCRIPTIONS[short]) for short, (field_name, _) in _SPECS.items()]
+    return [(PREFIX + short, OPTION_FIELDS[short], DESCRIPTIONS[short]) for short in _SPECS]
 
 
 assert set(DESCRIPTIONS) == set(_SPECS)

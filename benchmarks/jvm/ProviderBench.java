@@ -525,6 +525,7 @@ public final class ProviderBench {
         // classes loaded and JIT warm, as in an executor that already ran other tasks; the state
         // itself comes from storage (new JVM: nothing of it is cached in this process)
         if (warm) warmup();
+        long heap0 = heapUsedAfterGc();
         long t0 = System.nanoTime();
         StateStoreProvider p = newProvider(dir);
         long initNs = System.nanoTime() - t0;
@@ -538,6 +539,8 @@ public final class ProviderBench {
             out.put("restore_ms", ms(openNs));
             out.put("init_ms", ms(initNs));
             out.put("first_get_ms", ms(firstGetNs));
+            // what the restored version holds on the heap before any batch touches it
+            out.put("restore_heap_bytes_per_row", (double) (heapUsedAfterGc() - heap0) / rows);
             long keys = 0;
             t0 = System.nanoTime();
             scala.collection.Iterator<UnsafeRowPair> it = s.iterator(CF);
@@ -549,6 +552,19 @@ public final class ProviderBench {
             out.put("num_keys", keys);
             out.put("found", r != null);
             s.release();
+            // the first batch after the restore: an aggregation's get + put of 1% of the keys, then commit
+            int count = (int) Math.max(1, rows / 100);
+            t0 = System.nanoTime();
+            StateStore w = open(p, v);
+            for (int j = 0; j < count; j++) {
+                int i = perm[j];
+                UnsafeRow old = w.get(key(i), CF);
+                if (old == null) throw new IllegalStateException("key " + i + " missing after restore");
+                w.put(key(i), value(i, 99), CF);
+            }
+            w.commit();
+            out.put("batch_1pct_after_restore_ms", ms(System.nanoTime() - t0));
+            out.put("batch_heap_bytes_per_row", (double) (heapUsedAfterGc() - heap0) / rows);
         } finally {
             p.close();
         }

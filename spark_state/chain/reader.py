@@ -237,13 +237,13 @@ class ChainReader:
             data = storage.read_file(entry.path)
             if verify:
                 datafile.check_whole(data, name, entry.size, entry.checksum)
-            return datafile.decode(data, name, settings.max_parallelism)
+            return datafile.decode(data, name, settings.max_parallelism, verified=verify)
         if len(key_groups) == 0 and not entry.typed:
             return empty_table()
         return datafile.read_key_groups(lambda ranges: storage.read_ranges(entry.path, ranges), name,
                                         entry.index_offset, entry.index_length, entry.index_checksum,
                                         key_groups, verify, file_format=entry.file_format,
-                                        max_parallelism=settings.max_parallelism)
+                                        max_parallelism=settings.max_parallelism, checksum=entry.checksum)
 
     def _read_slice(self, entry: FileEntry, key_groups: np.ndarray | None) -> pa.Table:
         """The rows of a (maybe another partition's) file that belong here: whole key groups by byte range,

@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import json
 import logging
+import zlib
 from dataclasses import dataclass
 from typing import Callable
 
-from spark_state.errors import SparkStateError
+from spark_state.errors import ChecksumMismatch, SparkStateError
 from spark_state.format.manifest import Manifest
 from spark_state.storage.base import CheckpointStorage
 from spark_state.storage.layout import REFS_DIR, manifest_path, new_reference_path, reference_of
@@ -56,13 +57,39 @@ class Reference:
     files: tuple[str, ...]   # paths in this store
 
     def to_json(self) -> bytes:
-        return json.dumps({"partition": self.partition, "version": self.version, "files": list(self.files)},
-                          indent=1).encode()
+        body = {"partition": self.partition, "version": self.version, "files": list(self.files)}
+        body["checksum"] = _crc(body)
+        return json.dumps(body, indent=1).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> "Reference":
-        body = json.loads(data)
-        return cls(int(body["partition"]), int(body["version"]), tuple(str(f) for f in body["files"]))
+    def from_json(cls, data: bytes, name: str = "reference record") -> "Reference":
+        """Parses and verifies a record: a damaged one is a ChecksumMismatch, never other files (retention
+        would delete the files it really names). Records of releases before the checksum have none."""
+        try:
+            body = json.loads(data)
+        except (ValueError, RecursionError):
+            raise ChecksumMismatch(f"{name} is not valid JSON; it is corrupted or truncated.") from None
+        if not isinstance(body, dict) or set(body) - {"checksum"} != _FIELDS:
+            raise ChecksumMismatch(f"{name} does not hold exactly {sorted(_FIELDS)}; it is corrupted.")
+        if "checksum" in body and body.pop("checksum") != _crc(body):
+            raise ChecksumMismatch(f"{name} does not match its own checksum; it is corrupted or was edited.")
+        partition, version, files = body["partition"], body["version"], body["files"]
+        if not (_is_int(partition) and _is_int(version) and isinstance(files, list)
+                and all(isinstance(f, str) for f in files)):
+            raise ChecksumMismatch(f"{name} has fields of the wrong types; it is corrupted.")
+        return cls(partition, version, tuple(files))
+
+
+_FIELDS = {"partition", "version", "files"}
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _crc(body: dict) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return f"crc32:{zlib.crc32(canonical):08x}"
 
 
 def write_reference(storage: CheckpointStorage, ref: Reference) -> str:
@@ -105,7 +132,7 @@ def referenced_elsewhere(storage: CheckpointStorage, partition: int, siblings: S
         referrer, since = named
         ref = None
         try:
-            ref = Reference.from_json(storage.read_file(path))
+            ref = Reference.from_json(storage.read_file(path), f"reference record {storage.root}/{path}")
         except FileNotFoundError:
             continue   # another process pruned it meanwhile
         except (SparkStateError, OSError, ValueError, KeyError, TypeError) as err:

@@ -363,22 +363,39 @@ def read_trailer(data: bytes, name: str) -> tuple[int, int]:
     return offset, length
 
 
-def decode(data, name: str, max_parallelism: int | None = None) -> pa.Table:
+def decode(data, name: str, max_parallelism: int | None = None, *, verified: bool = False) -> pa.Table:
     """All rows of a whole file (its data part is a plain Arrow IPC stream), with ``kg`` first.
 
-    Typed files do not store ``kg``; it is recomputed from ``hash`` with `max_parallelism`.
+    Typed files do not store ``kg``; it is recomputed from ``hash`` with `max_parallelism`. Bytes not
+    ``verified`` against their checksum (``check_whole``) are validated in full after decoding: Arrow's
+    IPC reader trusts the offsets inside a batch, and a damaged one would crash the worker later.
     """
     try:
         table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
     except (pa.ArrowInvalid, pa.ArrowException, OSError) as err:
         raise _corrupt(name, f"cannot be decoded ({err})") from None
+    _check_stored_schema(table.schema, name)
+    if not verified:
+        _validate(table, name, "rows")
     return _with_kg(table, name, max_parallelism)
 
 
+def _validate(data: pa.Table | pa.RecordBatch, name: str, what: str) -> None:
+    """Arrow's full validation (offsets, lengths, UTF-8) of rows whose bytes no checksum vouched for."""
+    try:
+        data.validate(full=True)
+    except (pa.ArrowInvalid, pa.ArrowException, UnicodeDecodeError) as err:
+        raise _corrupt(name, f"has invalid {what} ({err})") from None
+
+
 def _check_stored_schema(schema: pa.Schema, name: str) -> None:
+    try:
+        names = schema.names
+    except UnicodeDecodeError:
+        raise _corrupt(name, "has a schema whose field names are not UTF-8") from None
     if schema == CHANGES_SCHEMA:
         return
-    if (schema.names != ["hash", "key", "value"] or schema.field("hash").type != pa.int32()
+    if (names != ["hash", "key", "value"] or schema.field("hash").type != pa.int32()
             or not pa.types.is_struct(schema.field("key").type) or not pa.types.is_struct(schema.field("value").type)):
         raise _corrupt(name, f"has schema {schema}, expected {CHANGES_SCHEMA} or typed hash, key, value")
 
@@ -402,6 +419,8 @@ def decode_index(data, name: str, checksum: str | None) -> pa.Table:
         raise _corrupt(name, f"has an unreadable key-group index ({err})") from None
     if index.schema != INDEX_SCHEMA and index.schema != BATCH_INDEX_SCHEMA:
         raise _corrupt(name, "has a key-group index with an unexpected schema")
+    if checksum is None:
+        _validate(index, name, "key-group index rows")
     return index
 
 
@@ -418,32 +437,77 @@ def _read_head(fetch: Fetch, name: str, end: int) -> tuple[pa.Schema, bytes]:
 
 #: Arrow IPC's end-of-stream marker (continuation token, zero length).
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+_ZEROS = bytes(1 << 20)
+
+
+def _check_head(head: bytes, name: str, index: pa.Table, index_offset: int, index_length: int,
+                index_checksum: str, checksum: str, file_format: int) -> None:
+    """Verifies a typed file's head (schema and dictionaries: no CRC of its own) by the whole file's CRC-32
+    without reading the batches: a typed file is head | batches | end-of-stream | index | trailer, and the
+    index holds each batch's CRC and length, so the file's CRC follows from theirs (``_crc_append``)."""
+    offsets, order = np.unique(index.column("offset").to_numpy(), return_index=True)
+    lengths = index.column("length").to_numpy()[order]
+    crcs = index.column("crc").to_numpy()[order]
+    crc, end = zlib.crc32(head), len(head)
+    for off, ln, batch_crc in zip(offsets.tolist(), lengths.tolist(), crcs.tolist()):
+        if off != end or ln <= 0:
+            raise _corrupt(name, f"has batches that do not follow each other (byte {off}, expected {end})")
+        crc, end = _crc_append(crc, batch_crc, ln), end + ln
+    if end + len(_EOS) != index_offset:
+        raise _corrupt(name, f"has batches ending at byte {end}, not where its index starts ({index_offset})")
+    crc = _crc_append(zlib.crc32(_EOS, crc), int(index_checksum.removeprefix("crc32:"), 16), index_length)
+    crc = zlib.crc32(_TRAILER.pack(index_offset, index_length, _MAGICS[file_format]), crc)
+    if f"crc32:{crc:08x}" != checksum:
+        raise _corrupt(name, "has a schema or dictionaries (the stream's head) that do not match its checksum")
+
+
+def _crc_append(crc_a: int, crc_b: int, len_b: int) -> int:
+    """CRC-32 of A + B from CRC(A), CRC(B) and len(B): CRC-32 is affine in its start value, so
+    crc32(B, start=c) == crc32(B) ^ crc32(zeros, c) ^ crc32(zeros) for len(B) zero bytes."""
+    shifted, zero = crc_a, 0
+    while len_b > 0:
+        chunk = memoryview(_ZEROS)[:min(len_b, len(_ZEROS))]
+        shifted, zero = zlib.crc32(chunk, shifted), zlib.crc32(chunk, zero)
+        len_b -= len(chunk)
+    return shifted ^ zero ^ crc_b
 
 
 def _read_batch(block, schema: pa.Schema, head: bytes | None) -> pa.RecordBatch:
     """One record batch message; with dictionary columns it is decoded as the stream head + the batch."""
     if head is None:
         return pa.ipc.read_record_batch(pa.ipc.read_message(pa.py_buffer(block)), schema)
-    (batch,) = pa.ipc.open_stream(pa.py_buffer(b"".join((head, block, _EOS)))).read_all().to_batches()
-    return batch
+    batches = pa.ipc.open_stream(pa.py_buffer(b"".join((head, block, _EOS)))).read_all().to_batches()
+    if len(batches) != 1:
+        raise pa.ArrowInvalid(f"a batch's bytes hold {len(batches)} record batches")
+    return batches[0]
 
 
 def read_key_groups(fetch: Fetch, name: str, index_offset: int, index_length: int, index_checksum: str | None,
                     key_groups: np.ndarray, verify: bool = True, *, file_format: int = FileFormat.OPAQUE,
-                    max_parallelism: int | None = None) -> pa.Table:
+                    max_parallelism: int | None = None, checksum: str | None = None) -> pa.Table:
     """Rows of the given key groups (int32 array), in key-group order, reading only the index and their
-    batches (and, for a typed file, the stream's head: its schema and dictionaries)."""
+    batches (and, for a typed file, the stream's head: its schema and dictionaries).
+
+    With `verify`, the index is checked against `index_checksum` and each batch against its CRC in the
+    index; a typed file's head against the whole file's `checksum` (see ``_check_head``). Without a
+    `checksum`, or without `verify`, the rows read are validated in full instead (no crash on damaged
+    bytes, but a damaged head could still change what they say)."""
     (index_bytes,) = fetch([(index_offset, index_offset + index_length)])
     index = decode_index(index_bytes, name, index_checksum if verify else None)
     key_groups = np.unique(np.asarray(key_groups, dtype=np.int32))
     schema, head = CHANGES_SCHEMA, None
+    trusted = verify
     if file_format != FileFormat.OPAQUE:
         all_offsets = index.column("offset").to_numpy()
         schema, head = _read_head(fetch, name, int(all_offsets.min()) if len(all_offsets) else index_offset)
+        if verify and checksum is not None and index_checksum is not None:
+            _check_head(head, name, index, index_offset, index_length, index_checksum, checksum, file_format)
+        else:
+            trusted = False
         if not dictionaries.has_dictionaries(schema):
             head = None
     if index.schema == BATCH_INDEX_SCHEMA:
-        return _read_batch_index(fetch, name, index, key_groups, verify, schema, head, max_parallelism)
+        return _read_batch_index(fetch, name, index, key_groups, verify, schema, head, max_parallelism, trusted)
     kg = index.column("kg").to_numpy()
     pick = np.flatnonzero(np.isin(kg, key_groups))
     if len(pick) == 0:
@@ -456,12 +520,15 @@ def read_key_groups(fetch: Fetch, name: str, index_offset: int, index_length: in
 
     block_offsets, first_pick, block_of_pick = np.unique(offsets, return_index=True, return_inverse=True)
     batches = _fetch_batches(fetch, name, block_offsets, lengths[first_pick], crcs[first_pick], verify, schema,
-                             head)
+                             head, trusted)
     table = pa.Table.from_batches(batches, schema=schema)
+    batch_rows = np.array([b.num_rows for b in batches], dtype=np.int64)
+    if np.any(row_start < 0) or np.any(rows < 0) or np.any(row_start + rows > batch_rows[block_of_pick]):
+        raise _corrupt(name, "has a key-group index whose row ranges fall outside their batches")
 
     # Global row positions of each picked run, then one vectorised take.
     batch_base = np.zeros(len(batches) + 1, dtype=np.int64)
-    np.cumsum([b.num_rows for b in batches], out=batch_base[1:])
+    np.cumsum(batch_rows, out=batch_base[1:])
     starts = batch_base[block_of_pick] + row_start
     total = int(rows.sum())
     within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(rows) - rows, rows)
@@ -470,7 +537,7 @@ def read_key_groups(fetch: Fetch, name: str, index_offset: int, index_length: in
 
 
 def _read_batch_index(fetch: Fetch, name: str, index: pa.Table, key_groups: np.ndarray, verify: bool,
-                      schema: pa.Schema, head: bytes | None, max_parallelism: int | None) -> pa.Table:
+                      schema: pa.Schema, head: bytes | None, max_parallelism: int | None, trusted: bool) -> pa.Table:
     """read_key_groups with a row per batch: the batches whose key-group range holds a wanted group, then
     their rows whose key group (derived from the hash) is wanted."""
     first = index.column("first_kg").to_numpy()
@@ -483,7 +550,7 @@ def _read_batch_index(fetch: Fetch, name: str, index: pa.Table, key_groups: np.n
         return _with_kg(schema.empty_table(), name, max_parallelism)
     offsets = index.column("offset").to_numpy()[pick]
     batches = _fetch_batches(fetch, name, offsets, index.column("length").to_numpy()[pick],
-                             index.column("crc").to_numpy()[pick], verify, schema, head)
+                             index.column("crc").to_numpy()[pick], verify, schema, head, trusted)
     rows = index.column("rows").to_numpy()[pick]
     for off, batch, expected in zip(offsets.tolist(), batches, rows.tolist()):
         if batch.num_rows != expected:
@@ -494,9 +561,11 @@ def _read_batch_index(fetch: Fetch, name: str, index: pa.Table, key_groups: np.n
 
 
 def _fetch_batches(fetch: Fetch, name: str, block_offsets: np.ndarray, block_lengths: np.ndarray,
-                   crcs: np.ndarray, verify: bool, schema: pa.Schema, head: bytes | None) -> list[pa.RecordBatch]:
+                   crcs: np.ndarray, verify: bool, schema: pa.Schema, head: bytes | None,
+                   trusted: bool) -> list[pa.RecordBatch]:
     """The record batches at the given (sorted, distinct) byte ranges, adjacent ones fetched as one range,
-    each checked against its CRC-32."""
+    each checked against its CRC-32 (`verify`); validated in full unless every byte they are decoded from
+    was checked (`trusted`)."""
     ends = block_offsets + block_lengths
     run_first = np.ones(len(block_offsets), dtype=bool)
     run_first[1:] = block_offsets[1:] != ends[:-1]
@@ -515,7 +584,10 @@ def _fetch_batches(fetch: Fetch, name: str, block_offsets: np.ndarray, block_len
         if verify and zlib.crc32(block) != int(crcs[b]):
             raise _corrupt(name, f"has a batch at byte {off} whose CRC-32 does not match its index")
         try:
-            batches.append(_read_batch(block, schema, head))
+            batch = _read_batch(block, schema, head)
         except (pa.ArrowInvalid, pa.ArrowException, OSError) as err:
             raise _corrupt(name, f"has an undecodable batch at byte {off} ({err})") from None
+        if not trusted:
+            _validate(batch, name, f"rows in the batch at byte {off}")
+        batches.append(batch)
     return batches

@@ -185,7 +185,7 @@ class Manifest:
         try:
             files = tuple(FileEntry.from_dict(f) for f in body.pop("files"))
             return cls(files=files, **body)
-        except (TypeError, KeyError) as err:
+        except (TypeError, KeyError, AttributeError, ValueError) as err:
             raise ChecksumMismatch(f"manifest {name} has unexpected fields ({err}).") from None
 
 
@@ -219,7 +219,7 @@ class CompactionRecord:
         body = _load(data, f"compaction record {name}")
         try:
             return cls(snapshot=FileEntry.from_dict(body.pop("snapshot")), **body)
-        except (TypeError, KeyError) as err:
+        except (TypeError, KeyError, AttributeError, ValueError) as err:
             raise ChecksumMismatch(f"compaction record {name} has unexpected fields ({err}).") from None
 
 
@@ -242,7 +242,7 @@ def _load(data: bytes, what: str) -> dict:
     try:
         body = json.loads(data)
         fmt = body["format"]
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, RecursionError):   # RecursionError: JSON nested too deep
         raise ChecksumMismatch(f"{what} is not valid JSON or lacks its format; it is corrupted or truncated.") from None
     if not isinstance(fmt, int) or fmt > NEWEST_MANIFEST_FORMAT:
         raise FormatVersionError(

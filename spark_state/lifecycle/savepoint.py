@@ -82,7 +82,7 @@ class SavepointMetadata:
         try:
             body = json.loads(data)
             kind, fmt = body["kind"], body["format"]
-        except (ValueError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError, RecursionError):
             raise ChecksumMismatch(f"{name} is not a savepoint's _metadata (not JSON or no kind/format); it is "
                                    f"corrupted or truncated.") from None
         if kind != KIND:
@@ -94,11 +94,15 @@ class SavepointMetadata:
         if recorded != _crc(body):
             raise ChecksumMismatch(f"{name} does not match its own checksum; the savepoint's listing is corrupted "
                                    f"or was edited.")
-        return cls(query_id=body["query_id"], batch=int(body["batch"]), num_partitions=int(body["num_partitions"]),
-                   max_parallelism=body.get("max_parallelism"), source=body["source"],
-                   created_ms=int(body["created_ms"]), stores=tuple(body["stores"]),
-                   files=tuple(SavepointFile(**f) for f in body["files"]),
-                   spark_state_version=body.get("spark_state_version", "?"), format=fmt)
+        try:
+            return cls(query_id=body["query_id"], batch=int(body["batch"]),
+                       num_partitions=int(body["num_partitions"]), max_parallelism=body.get("max_parallelism"),
+                       source=body["source"], created_ms=int(body["created_ms"]), stores=tuple(body["stores"]),
+                       files=tuple(SavepointFile(**f) for f in body["files"]),
+                       spark_state_version=body.get("spark_state_version", "?"), format=fmt)
+        except (KeyError, TypeError, ValueError, OverflowError) as err:
+            raise ChecksumMismatch(f"{name} has unexpected fields ({err!r}); the savepoint's listing was not "
+                                   f"written by spark_state.") from None
 
 
 def _crc(body: dict) -> str:
@@ -111,7 +115,7 @@ def is_savepoint(location: Dir) -> bool:
         return True
     try:
         return json.loads(location.read(METADATA)).get("kind") == KIND
-    except (FileNotFoundError, ValueError, AttributeError, IsADirectoryError):
+    except (FileNotFoundError, ValueError, AttributeError, IsADirectoryError, RecursionError):
         return False
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from spark_state import PROVIDER_CLASS
 from spark_state.errors import ShimNotLoaded
-from spark_state.options import PREFIX, Settings
+from spark_state.options import OPTION_FIELDS, PREFIX, Settings
 
 _PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
 _LISTENERS_KEY = "spark.sql.streaming.streamingQueryListeners"
@@ -17,22 +17,8 @@ WORKER_PLUGIN = "io.sparkstate.shim.SparkStatePlugin"
 #: Driver-side listener that logs a warning when stores report failing background maintenance.
 MAINTENANCE_LISTENER = "io.sparkstate.shim.MaintenanceWarnings"
 
-#: configure() keyword -> option short name, so Python callers can use snake_case.
-KEYWORDS = {
-    "storage": "storage",
-    "checkpoint_root": "checkpointRoot",
-    "max_parallelism": "maxParallelism",
-    "compression_level": "compressionLevel",
-    "snapshot_interval": "snapshotInterval",
-    "memory_max_state_size": "memory.maxStateSize",
-    "memory_metadata_dir": "memory.metadataDir",
-    "python": "python",
-    "verify_checksums": "verifyChecksums",
-    "file_grace_period": "fileGracePeriod",
-    "fsync": "fsync",
-    "savepoint_dir": "savepointDir",
-    "prestart_worker": "prestartWorker",
-}
+#: configure() keyword -> option short name, so Python callers can use snake_case (the Settings fields).
+KEYWORDS = {field: name for name, field in OPTION_FIELDS.items()}
 
 
 def option_conf(**options: Any) -> dict[str, str]:

@@ -70,7 +70,7 @@ def _version(line: str, name: str, supported: tuple[int, ...]) -> int:
 def _json(line: str, name: str) -> dict:
     try:
         value = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):   # RecursionError: JSON nested too deep
         raise CheckpointError(f"{name} holds a line that is not JSON; it is corrupted or truncated.") from None
     if not isinstance(value, dict):
         raise CheckpointError(f"{name} holds JSON that is not an object; it is corrupted.")
@@ -115,7 +115,7 @@ class OffsetSeq:
             return None
         try:
             value = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         return value if isinstance(value, dict) else None
 

@@ -9,8 +9,10 @@ or power loss, not only the worker or executor dying.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+from contextlib import contextmanager
 from typing import Iterable, Sequence
 
 import fsspec
@@ -21,6 +23,9 @@ from spark_state.storage.base import CheckpointStorage
 from spark_state.storage.layout import MANIFEST_NAME, SHARED_DIR, record_path, version_dir_of
 
 log = logging.getLogger(__name__)
+
+#: Errors of a write that storage has no room or no permission for.
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM})
 
 class FileSystemCheckpointStorage(CheckpointStorage):
     kind = "filesystem"
@@ -114,6 +119,10 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             self._makedirs(self._full(f"chk-{version}"))
 
     def write_file(self, path: str, data: bytes, *, recreate: bool = True) -> None:
+        with self._writing(self._full(path)):
+            self._write_file(path, data, recreate)
+
+    def _write_file(self, path: str, data: bytes, recreate: bool) -> None:
         full = self._full(path)
         if self._local:
             self._write_local(full, data, recreate)
@@ -126,6 +135,26 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             self.fs.pipe_file(full, bytes(data) if not isinstance(data, bytes) else data)
 
     def commit_record(self, version: int, name: str, data: bytes, *, recreate: bool = True) -> None:
+        with self._writing(self._full(record_path(version, name))):
+            self._commit_record(version, name, data, recreate)
+
+    @contextmanager
+    def _writing(self, full: str):
+        """A write that fails for want of space or permission (a full or read-only disk, a quota) raises a
+        StorageError naming the file (OSError's message names none when write() or fsync() fails); other
+        errors stay as they are (a missing directory: the callers decide)."""
+        try:
+            yield
+        except OSError as err:
+            if err.errno not in _NO_ROOM:
+                raise
+            raise StorageError(
+                f"cannot write {full}: {err.strerror or err}. The checkpoint storage {self.root} is full, "
+                f"read-only or not writable by this process. Free space or fix the permissions: the task "
+                f"fails, and the query resumes from its last committed version."
+            ) from err
+
+    def _commit_record(self, version: int, name: str, data: bytes, recreate: bool) -> None:
         final = self._full(record_path(version, name))
         directory = os.path.dirname(final)
         write_temporary = None

@@ -22,11 +22,23 @@ _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 
 
+#: Bytes read at a time for a large frame: memory follows the bytes that arrive, not the length announced.
+_READ_CHUNK = 1 << 20
+
+
 def _read_exact(stream: BinaryIO, n: int) -> bytes:
-    data = stream.read(n)
-    if data is None or len(data) != n:
-        raise EOFError(f"connection closed after {0 if not data else len(data)} of {n} bytes")
-    return data
+    if n <= _READ_CHUNK:
+        data = stream.read(n)
+        if data is None or len(data) != n:
+            raise EOFError(f"connection closed after {0 if not data else len(data)} of {n} bytes")
+        return data
+    out = bytearray()
+    while len(out) < n:   # a damaged or hostile length costs what the peer sends, never an allocation of n
+        chunk = stream.read(min(_READ_CHUNK, n - len(out)))
+        if not chunk:
+            raise EOFError(f"connection closed after {len(out)} of {n} bytes")
+        out += chunk
+    return bytes(out)
 
 
 def read_frame(stream: BinaryIO, *, max_header: int = MAX_HEADER,
@@ -46,7 +58,7 @@ def read_frame(stream: BinaryIO, *, max_header: int = MAX_HEADER,
         raise ProtocolError(f"frame header of {header_len} bytes is larger than {max_header}")
     try:
         header = json.loads(_read_exact(stream, header_len))
-    except ValueError as err:
+    except (ValueError, RecursionError) as err:   # RecursionError: JSON nested too deep
         raise ProtocolError(f"frame header is not JSON: {err}") from None
     if not isinstance(header, dict):
         raise ProtocolError("frame header must be a JSON object")
@@ -147,7 +159,11 @@ class _Bounded:
 
 
 def ipc_to_table(body: bytes) -> pa.Table:
+    """A request's rows, validated in full: Arrow's IPC reader trusts a batch's offsets, and rows pointing
+    outside their buffers would crash the worker (and every store it serves) in the first kernel."""
     try:
-        return pa.ipc.open_stream(pa.py_buffer(body)).read_all()
-    except pa.ArrowInvalid as err:
-        raise ProtocolError(f"request body is not an Arrow IPC stream: {err}") from None
+        table = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
+        table.validate(full=True)
+        return table
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
+        raise ProtocolError(f"request body is not a valid Arrow IPC stream: {err}") from None

@@ -62,14 +62,14 @@ def store_ref_of(header: dict):
             name=str(store.get("name") or DEFAULT_STORE),
             query_id=str(query_id) if query_id else None,
         )
-    except (KeyError, TypeError, ValueError) as err:
+    except (KeyError, TypeError, ValueError, OverflowError) as err:
         raise ProtocolError(f"malformed 'store' in request: {err!r}") from None
 
 
 def _int_field(header: dict, name: str) -> int:
     try:
         return int(header[name])
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):
         raise ProtocolError(f"request {header.get('op')!r} needs an integer {name!r}") from None
 
 
@@ -227,7 +227,11 @@ class _Connection(socketserver.StreamRequestHandler):
                 return
             write_frame(self.wfile, *dispatcher.op_hello(*first))
             while True:
-                frame = read_frame(self.rfile)
+                try:
+                    frame = read_frame(self.rfile)
+                except ProtocolError as err:   # the stream's framing is lost: say why, then hang up
+                    write_frame(self.wfile, {"ok": False, "kind": "ProtocolError", "error": str(err)})
+                    return
                 if frame is None:
                     return
                 header, body = self._respond(dispatcher, *frame)

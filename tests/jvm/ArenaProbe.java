@@ -85,6 +85,20 @@ public class ArenaProbe {
     return show(value);
   }
 
+  /**
+   * The map under test: the arena, or with {@code -Dprobe.map=layered} a {@link LayeredMap} whose
+   * budget ({@code -Dprobe.budget} bytes) is small enough that puts spill to row images.
+   */
+  static StateMap newMap() {
+    if (!"layered".equals(System.getProperty("probe.map"))) {
+      return new RowArena(KEY.fields().length, VALUE.fields().length, 0);
+    }
+    KeyHasher hasher = new KeyHasher(KEY, 1, Integer.getInteger("probe.maxParallelism", 4));
+    return new LayeredMap(KEY.fields().length, VALUE.fields().length, 0, hasher, BUDGET);
+  }
+
+  static final MemoryBudget BUDGET = new MemoryBudget(Long.getLong("probe.budget", 1L << 30));
+
   public static void main(String[] args) throws Exception {
     BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
     PrintStream out = new PrintStream(System.out, false, "UTF-8");
@@ -96,7 +110,10 @@ public class ArenaProbe {
       String[] a = line.split(" ");
       switch (a[0]) {
         case "reset":
-          map = new RowArena(KEY.fields().length, VALUE.fields().length, 0);
+          if (map != null) {
+            map.close();
+          }
+          map = newMap();
           held.clear();
           heldText.clear();
           out.println("OK " + a[1]);
@@ -115,6 +132,13 @@ public class ArenaProbe {
         }
         case "remove":
           out.println(showOrNull(map.remove(key(a[1]))));
+          break;
+        case "spill":
+          ((LayeredMap) map).spill();
+          out.println("OK " + ((LayeredMap) map).imageRows());
+          break;
+        case "spills":
+          out.println(((LayeredMap) map).spills());
           break;
         case "size":
           out.println(map.size());
@@ -172,7 +196,7 @@ public class ArenaProbe {
   static final int PINNED = 100;
 
   static String race(int keys, int ops) throws Exception {
-    StateMap map = new RowArena(KEY.fields().length, VALUE.fields().length, 0);
+    StateMap map = newMap();
     java.util.Map<String, String> model = new java.util.HashMap<>();
     java.util.concurrent.atomic.AtomicReference<String> bad = new java.util.concurrent.atomic.AtomicReference<>();
     java.util.concurrent.atomic.AtomicBoolean done = new java.util.concurrent.atomic.AtomicBoolean();

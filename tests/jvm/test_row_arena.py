@@ -1,4 +1,5 @@
-"""StateMap's row arena against a dict model, through a real JVM (tests/jvm/ArenaProbe.java).
+"""StateMap's row arena, and the layered map (overlay over row images, spilling), against a dict model,
+through a real JVM (tests/jvm/ArenaProbe.java).
 
 Pages of 256 bytes and compaction from 512 bytes of garbage, so small examples cross pages, hold
 records larger than a page, compact and grow the table, also while an iterator runs."""
@@ -14,11 +15,23 @@ from tests.support.jvm_probes import ProbeProcess, probe_command
 KEYS = [bytes([i]) * n for i in range(1, 9) for n in (1, 3, 9, 30)] + [b""]
 
 
-@pytest.fixture(scope="module")
-def probe(tmp_path_factory):
+#: The maps under test: the arena alone, and the layered map (tests/jvm/ArenaProbe.java) with a budget of
+#: 4 KiB, spill checks every 8 puts and no minimum overlay, so small examples spill to row images often,
+#: and 4 key groups, so keys share sort-key neighbourhoods and blocks.
+MAPS = {
+    "arena": (),
+    "layered": ("-Dprobe.map=layered", "-Dprobe.budget=4096", "-Dprobe.maxParallelism=4",
+                "-Dspark_state.spillCheckEvery=8", "-Dspark_state.minSpillBytes=0"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(MAPS))
+def probe(request, tmp_path_factory):
     cmd = probe_command("ArenaProbe.java", "io.sparkstate.shim.ArenaProbe", tmp_path_factory.mktemp("arena-probe"),
-                        "-ea", "-Dspark_state.arenaPageBytes=256", "-Dspark_state.arenaMinGarbage=512", heap="256m")
+                        "-ea", "-Dspark_state.arenaPageBytes=256", "-Dspark_state.arenaMinGarbage=512",
+                        f"-Djava.io.tmpdir={tmp_path_factory.mktemp('spill')}", *MAPS[request.param], heap="256m")
     probe = Probe(cmd)
+    probe.kind = request.param
     yield probe
     probe.close()
 
@@ -50,6 +63,7 @@ ops = st.one_of(
     st.tuples(st.just("get"), keys),
     st.tuples(st.just("remove"), keys),
     st.tuples(st.just("iter"), st.lists(actions, max_size=12)),
+    st.tuples(st.just("spill")),
 )
 
 
@@ -111,6 +125,9 @@ def test_the_arena_map_behaves_as_a_dict(probe, script):
         elif op[0] == "remove":
             old = model.pop(op[1], None)
             assert probe.ask(f"remove {h(op[1])}") == ("NULL" if old is None else h(old))
+        elif op[0] == "spill":
+            if probe.kind == "layered":
+                assert probe.ask("spill") == f"OK {len(model)}"
         else:
             iterate(probe, model, op[1])
         assert probe.ask("size") == str(len(model))
@@ -133,6 +150,8 @@ def test_many_keys_grow_compact_and_shrink(probe):
     assert probe.ask("size") == str(len(model)) == "1000"
     iterate(probe, model, [])
     assert probe.ask("held") == "OK"
+    if probe.kind == "layered":
+        assert int(probe.ask("spills")) > 0, "the budget never made the map spill"
 
 
 def test_readers_on_other_threads_see_whole_rows_while_a_writer_changes_the_map(probe):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -34,8 +35,9 @@ class ProbeProcess:
     """A running probe that answers each command line on stdin with lines on stdout."""
 
     def __init__(self, cmd: list[str]):
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
+        # stderr (the JVM's log) goes to a file: a pipe nobody reads would block the probe once it fills
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
 
     def send(self, line: str) -> None:
         self.proc.stdin.write(line + "\n")
@@ -43,7 +45,9 @@ class ProbeProcess:
 
     def read(self) -> str:
         line = self.proc.stdout.readline()
-        assert line, "the probe JVM ended: " + self.proc.stderr.read()[-2000:]
+        if not line:
+            self.log.seek(0)
+            raise AssertionError("the probe JVM ended: " + self.log.read()[-2000:])
         return line.rstrip("\n")
 
     def ask(self, line: str) -> str:
@@ -53,3 +57,4 @@ class ProbeProcess:
     def close(self) -> None:
         self.proc.stdin.close()
         self.proc.wait(timeout=30)
+        self.log.close()

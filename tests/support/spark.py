@@ -184,6 +184,8 @@ class Query:
     runs: int = 0
     #: the last committed batch id after each successful run
     run_ends: list[int] = field(default_factory=list)
+    #: every batch's progress (StreamingQueryProgress as a dict), in order
+    progress: list[dict] = field(default_factory=list)
 
     def __post_init__(self):
         self.checkpoint = Path(self.checkpoint)
@@ -213,6 +215,7 @@ class Query:
         if not finished:
             query.stop()
             raise AssertionError(f"query on {self.provider} did not finish within {self.timeout}s")
+        self.progress.extend(p if isinstance(p, dict) else json.loads(p.json) for p in query.recentProgress)
         self.run_ends.append(self.last_batch())
         return sorted(set(self.outputs) - before)
 

@@ -154,6 +154,13 @@ def test_record_bytes_are_unchanged(name):
     assert _records()[name] == (GOLDEN / name).read_bytes()
 
 
+def test_reference_records_read_back_with_or_without_their_checksum():
+    """reference-unsigned.json: the record as releases before its checksum wrote it (issue 27)."""
+    expected = Reference(2, 6, ("shared/a.arrow", "shared/b.arrow"))
+    for name in ("reference.json", "reference-unsigned.json"):
+        assert Reference.from_json((GOLDEN / name).read_bytes(), name) == expected
+
+
 @pytest.mark.parametrize("name", [n for n in sorted(_records()) if n.startswith("manifest")])
 def test_records_read_back(name):
     data = (GOLDEN / name).read_bytes()

@@ -159,6 +159,15 @@ final class ArrowCodec {
    */
   static boolean decodeState(InputStream in, StructType keySchema, StructType valueSchema, RowSink sink)
       throws IOException {
+    return decodeState(in, keySchema, valueSchema, sink, false);
+  }
+
+  /**
+   * As above; with {@code deletes}, a row with a null value reaches the sink as a delete (value null):
+   * a lazy load's changes, which apply on top of a row image.
+   */
+  static boolean decodeState(InputStream in, StructType keySchema, StructType valueSchema, RowSink sink,
+      boolean deletes) throws IOException {
     int keyFields = keySchema.fields().length;
     int valueFields = valueSchema.fields().length;
     try (BufferAllocator alloc = ROOT.newChildAllocator("spark-state-load", 0, Long.MAX_VALUE);
@@ -168,7 +177,7 @@ final class ArrowCodec {
         UnsafeProjection keyProjection = UnsafeProjection.create(keySchema);
         UnsafeProjection valueProjection = UnsafeProjection.create(valueSchema);
         while (reader.loadNextBatch()) {
-          TypedCodec.decodeBatch(root, keyProjection, valueProjection, sink);
+          TypedCodec.decodeBatch(root, keyProjection, valueProjection, sink, deletes);
         }
         return true;
       }
@@ -186,6 +195,10 @@ final class ArrowCodec {
         long valueData = value.getDataBuffer().memoryAddress();
         for (int i = 0; i < n; i++) {
           if (value.isNull(i)) {
+            if (deletes) {
+              k.pointTo(null, keyData + key.getStartOffset(i), key.getValueLength(i));
+              sink.accept(k, null);
+            }
             continue;
           }
           // Rows over the batch's Arrow buffers, no copy: the sink copies what it keeps.

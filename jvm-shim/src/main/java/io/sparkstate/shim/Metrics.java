@@ -24,9 +24,12 @@ final class Metrics {
   static final StateStoreCustomMetric MAINTENANCE_FAILURES = new StateStoreCustomSumMetric(
       MaintenanceWarnings.METRIC, "spark_state: consecutive failed background maintenance runs of the stores");
 
+  static final StateStoreCustomMetric IMAGE_ROWS = new StateStoreCustomSumMetric(
+      "sparkStateImageRows", "spark_state: rows looked up in row images on local disk instead of held on the heap");
+
   /** What {@code StateStoreProvider.supportedCustomMetrics} declares. */
   static final List<StateStoreCustomMetric> ALL = Arrays.asList(
-      COMMIT_TIME, LOAD_TIME, BYTES_WRITTEN, WORKER_RESTARTS, MAINTENANCE_FAILURES);
+      COMMIT_TIME, LOAD_TIME, BYTES_WRITTEN, WORKER_RESTARTS, MAINTENANCE_FAILURES, IMAGE_ROWS);
 
   private Metrics() {}
 
@@ -39,6 +42,7 @@ final class Metrics {
     custom.put(BYTES_WRITTEN, bytesWritten);
     custom.put(WORKER_RESTARTS, workerRestarts);
     custom.put(MAINTENANCE_FAILURES, maintenanceFailures);
+    custom.put(IMAGE_ROWS, rows.imageRows());
     return SparkCompat.metrics(rows.size(), rows.bytes(), immutableMap(custom));
   }
 

@@ -206,6 +206,27 @@ final class RowArena implements StateMap {
     };
   }
 
+  /**
+   * The table's slot count: with {@link #keyAtSlot} and {@link #valueAtSlot}, a walk of the rows in an
+   * order of the caller's choosing (a spill sorts them) without an object per row. The caller keeps
+   * the arena unchanged meanwhile.
+   */
+  synchronized int slotCount() {
+    return table.slots.length;
+  }
+
+  /** The key in slot {@code i}, or null when the slot holds none. */
+  synchronized UnsafeRow keyAtSlot(int i) {
+    int r = ref(table.slots[i]);
+    return r == EMPTY || r == REMOVED ? null : keyAt(table.pages, r);
+  }
+
+  /** The value in slot {@code i}, or null when the slot holds none. */
+  synchronized UnsafeRow valueAtSlot(int i) {
+    int r = ref(table.slots[i]);
+    return r == EMPTY || r == REMOVED ? null : valueAt(table.pages, r);
+  }
+
   @Override
   public Iterator<UnsafeRowPair> prefixScan(UnsafeRow prefixKey) {
     throw new UnsupportedOperationException(

@@ -1,7 +1,11 @@
 package io.sparkstate.shim;
 
 import java.io.IOException;
+import java.io.InputStream;
 import java.io.UncheckedIOException;
+import java.nio.file.Files;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.locks.ReentrantReadWriteLock;
 
 import org.apache.hadoop.conf.Configuration;
@@ -51,7 +55,14 @@ public class SparkStateProvider implements StateStoreProvider {
   private StateStoreConf storeConf;
   private Configuration hadoopConf;
   private RowFormat format;
+  private KeyHasher hasher;
   private volatile StoreClient client;
+  /**
+   * Stores (by {@link StateStoreId}) whose row image failed a read in this executor (corrupt,
+   * unreadable): their loads read whole rows from then on, as an image is only a cache of what the
+   * checkpoint's snapshot holds, and a task retried here must not meet the same damage again.
+   */
+  private static final Set<String> IMAGES_FAILED = ConcurrentHashMap.newKeySet();
 
   /**
    * The version this provider holds, or null before the first load and after an abort (an aborted
@@ -125,7 +136,7 @@ public class SparkStateProvider implements StateStoreProvider {
     Options options = Options.from(CollectionConverters.asJava(storeConf.sqlConfs()));
     WorkerClient worker = WorkerClient.get();
     StoreClient.validate(worker, options);
-    KeyHasher hasher = new KeyHasher(keySchema,
+    this.hasher = new KeyHasher(keySchema,
         KeyHasher.hashFieldCount(keySchema, numColsPrefixKey, stateStoreId.storeName()), options.maxParallelism());
     this.format = rowFormat(keySchema, valueSchema, hasher);
     if (!format.typed()) {
@@ -188,6 +199,7 @@ public class SparkStateProvider implements StateStoreProvider {
     }
     long restarts = client.restarts();
     refreshLive(version);
+    live.rows.endBatch();
     open = new SparkStateStore(this, live, format.newChangeLog(Math.min(lastChanges, MAX_EXPECTED_CHANGES)),
         unreportedLoadMs, restarts);
     unreportedLoadMs = 0;
@@ -225,11 +237,15 @@ public class SparkStateProvider implements StateStoreProvider {
     noteQueryId();
     StateVersion held = live != null && live.version == version ? live : null;
     long t0 = System.nanoTime();
+    StateVersion before = live;
     live = null;
     live = load(version, held);
     heldVersion = version;
     if (live != held) {
       unreportedLoadMs += (System.nanoTime() - t0) / 1_000_000L;
+    }
+    if (before != null && before.rows != live.rows) {
+      before.rows.close();
     }
   }
 
@@ -248,23 +264,110 @@ public class SparkStateProvider implements StateStoreProvider {
       return known != null ? known : new StateVersion(newMap(0), 0, null, format.typed());
     }
     long t0 = System.nanoTime();
-    StateVersion loaded = client.load(version, known == null ? null : known.commitId, (rows, commitId, state) -> {
-      StateMap map = newMap(rows);
-      boolean typed = ArrowCodec.decodeState(state, keySchema, valueSchema, map::put);
-      return new StateVersion(map, version, commitId, typed);
-    });
+    String knownId = known == null ? null : known.commitId;
+    boolean lazy = numColsPrefixKey == 0 && !IMAGES_FAILED.contains(stateStoreId.toString());
+    StateVersion loaded = client.load(version, knownId, lazy, (rows, commitId, image, state) ->
+        image == null ? decodeWhole(version, rows, commitId, state) : onImage(version, rows, commitId, image, state));
+    if (loaded == IMAGE_UNUSABLE) {
+      loaded = client.load(version, knownId, false, (rows, commitId, image, state) ->
+          decodeWhole(version, rows, commitId, state));
+    }
     if (loaded == null) {
       return known;
     }
-    LOG.info("spark_state: loaded version {} of {} ({} keys) in {} ms", version, stateStoreId, loaded.rows.size(),
-        (System.nanoTime() - t0) / 1_000_000L);
+    long images = loaded.rows.imageRows();
+    LOG.info("spark_state: loaded version {} of {} ({} keys{}) in {} ms", version, stateStoreId, loaded.rows.size(),
+        images > 0 ? ", " + images + " of them looked up in a row image" : "", (System.nanoTime() - t0) / 1_000_000L);
     return loaded;
+  }
+
+  /** What a lazy load answers when the row image it names cannot be opened: load again, whole rows. */
+  private static final StateVersion IMAGE_UNUSABLE = new StateVersion(null, -1, null, false);
+
+  private StateVersion decodeWhole(long version, long rows, String commitId, InputStream state) throws IOException {
+    StateMap map = newMap(rows);
+    try {
+      boolean typed = ArrowCodec.decodeState(state, keySchema, valueSchema, map::put);
+      return new StateVersion(map, version, commitId, typed);
+    } catch (IOException | RuntimeException e) {
+      map.close();
+      throw e;
+    }
+  }
+
+  /**
+   * A lazy load's answer: the snapshot's row image as the base of a {@link LayeredMap}, and the
+   * {@code changes} after it (deletes as null values) on top. No row of the image is decoded.
+   */
+  private StateVersion onImage(long version, long changes, String commitId, StoreClient.Image image,
+      InputStream state) throws IOException {
+    RowImage opened = openImage(image);
+    if (opened == null) {
+      return IMAGE_UNUSABLE;
+    }
+    LayeredMap map = newLayeredMap(changes);
+    try {
+      map.setBase(opened, image.rows);
+      boolean typed = image.typed;
+      if (changes > 0) {
+        typed = ArrowCodec.decodeState(state, keySchema, valueSchema, (k, v) -> {
+          if (v == null) {
+            map.remove(k);
+          } else {
+            map.put(k, v);
+          }
+        }, true);
+      }
+      return new StateVersion(map, version, commitId, typed);
+    } catch (IOException | RuntimeException e) {
+      map.close();
+      throw e;
+    }
+  }
+
+  /** The image a lazy load names, open; null (logged) when it cannot be used. A temporary copy is unlinked. */
+  private RowImage openImage(StoreClient.Image image) {
+    try {
+      RowImage opened = RowImage.open(image.path, keySchema.fields().length, valueSchema.fields().length,
+          MemoryBudget.EXECUTOR.cache(), true);
+      if (opened.rows() != image.rows || opened.hasTombstones()) {
+        opened.close();
+        throw RowImageException.corrupt(image.path, opened.rows() + " records where the snapshot holds "
+            + image.rows + " rows");
+      }
+      return opened;
+    } catch (IOException | RuntimeException e) {
+      LOG.warn("spark_state: {} cannot use the row image {} ({}); loading the version's rows instead", this,
+          image.path, e.toString());
+      return null;
+    } finally {
+      if (image.temporary) {
+        try {
+          Files.deleteIfExists(image.path);   // an open image reads through its descriptor
+        } catch (IOException e) {
+          LOG.warn("spark_state: cannot delete the downloaded row image {}: {}", image.path, e.toString());
+        }
+      }
+    }
+  }
+
+  /** A row image failed under a store (a read of a damaged block): later loads of this provider load rows. */
+  void imageFailed(RowImageException e) {
+    if (IMAGES_FAILED.add(stateStoreId.toString())) {
+      LOG.warn("spark_state: {}: {}; its next loads read the checkpoint's rows instead of row images", this,
+          e.getMessage());
+    }
   }
 
   /** The row store of a version with about {@code expectedRows} keys. */
   private StateMap newMap(long expectedRows) {
     return numColsPrefixKey > 0 ? new PrefixScanMap(keySchema, numColsPrefixKey, expectedRows)
-        : new RowArena(keySchema.fields().length, valueSchema.fields().length, expectedRows);
+        : newLayeredMap(expectedRows);
+  }
+
+  private LayeredMap newLayeredMap(long expectedRows) {
+    return new LayeredMap(keySchema.fields().length, valueSchema.fields().length, expectedRows, hasher,
+        MemoryBudget.EXECUTOR);
   }
 
   /**
@@ -297,6 +400,7 @@ public class SparkStateProvider implements StateStoreProvider {
     synchronized (this) {
       if (live == base) {
         live = base.next(reply.commitId, format.typed());
+        live.rows.endBatch();
       }
       heldVersion = newVersion;
       lastChanges = changed;
@@ -329,6 +433,7 @@ public class SparkStateProvider implements StateStoreProvider {
   private void dropIfLive(StateVersion version) {
     if (live == version) {
       live = null;
+      version.rows.close();
     }
   }
 
@@ -381,7 +486,10 @@ public class SparkStateProvider implements StateStoreProvider {
       open.markAborted();
       open = null;
     }
-    live = null;
+    if (live != null) {
+      live.rows.close();
+      live = null;
+    }
   }
 
   @Override

@@ -53,7 +53,12 @@ final class SparkStateStore extends StoreView implements StateStore {
       throw new IllegalArgumentException("spark_state: cannot put a null value");
     }
     checkUpdating("put");
-    rows.put(key, value);
+    try {
+      rows.put(key, value);
+    } catch (RowImageException e) {
+      provider.imageFailed(e);
+      throw e;
+    }
     changes.add(key, value);
   }
 
@@ -61,7 +66,14 @@ final class SparkStateStore extends StoreView implements StateStore {
   public void remove(UnsafeRow key, String colFamilyName) {
     Unsupported.checkColumnFamily(colFamilyName, provider);
     checkUpdating("remove");
-    if (rows.remove(key) != null) {
+    UnsafeRow old;
+    try {
+      old = rows.remove(key);
+    } catch (RowImageException e) {
+      provider.imageFailed(e);
+      throw e;
+    }
+    if (old != null) {
       changes.add(key, null);
     }
   }

@@ -37,6 +37,19 @@ interface StateMap {
   /** The rows whose key starts with {@code prefixKey} (stores created with a prefix-scan key encoder). */
   Iterator<UnsafeRowPair> prefixScan(UnsafeRow prefixKey);
 
+  /** Keys held in a row image on local disk rather than on the heap (a metric). */
+  default long imageRows() {
+    return 0;
+  }
+
+  /** The batch that changed these rows ended (committed, or a new store opened on them). */
+  default void endBatch() {
+  }
+
+  /** Releases what the rows hold outside the heap (open files); the map is not used again. */
+  default void close() {
+  }
+
   /** The entries of a Java map of rows as pairs, a new pair per row. */
   static Iterator<UnsafeRowPair> pairs(Iterator<Map.Entry<UnsafeRow, UnsafeRow>> entries) {
     return new Iterator<UnsafeRowPair>() {

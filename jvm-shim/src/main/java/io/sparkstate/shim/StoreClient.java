@@ -6,8 +6,10 @@ import com.fasterxml.jackson.databind.node.ObjectNode;
 
 import java.io.IOException;
 import java.io.InputStream;
+import java.nio.file.Path;
+import java.nio.file.Paths;
 import java.util.Map;
-import java.util.Set;
+import java.util.Optional;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.LongAdder;
 
@@ -28,12 +30,34 @@ final class StoreClient {
   static final String OP_MAINTENANCE = "maintenance";
 
   private static final JsonNodeFactory NODES = JsonNodeFactory.instance;
-  /** Option sets the worker validated in this JVM (validate once per distinct set). */
-  private static final Set<Options> VALIDATED = ConcurrentHashMap.newKeySet();
+  /** Option sets the worker validated in this JVM (validate once per distinct set), with the memory limit it answered. */
+  private static final Map<Options, Optional<Long>> VALIDATED = new ConcurrentHashMap<>();
 
-  /** Reads a {@code load} reply's state stream while the connection is held; runs again on a retry. */
+  /**
+   * Reads a {@code load} reply's state stream while the connection is held; runs again on a retry.
+   * {@code image}: the row image the rows apply to (then they are changes, deletes as null values), or null.
+   */
   interface Loader<T> {
-    T read(long rows, String commitId, InputStream state) throws IOException;
+    T read(long rows, String commitId, Image image, InputStream state) throws IOException;
+  }
+
+  /** The row image a lazy {@code load} names: the version's snapshot as a local file of UnsafeRows. */
+  static final class Image {
+    final Path path;
+    final long rows;
+    final long size;
+    /** A copy the worker downloaded for this load: the shim deletes it once open. */
+    final boolean temporary;
+    /** The snapshot's file format: typed (2) or opaque (1), as {@code load} of its rows would report. */
+    final boolean typed;
+
+    Image(JsonNode node) {
+      this.path = Paths.get(node.path("path").asText());
+      this.rows = node.path("rows").asLong(0);
+      this.size = node.path("size").asLong(-1);
+      this.temporary = node.path("temporary").asBoolean(false);
+      this.typed = node.path("fileFormat").asInt(2) != 1;
+    }
   }
 
   /** The worker's maintenance status of a store: consecutive failed runs and the last error (null: none). */
@@ -80,16 +104,22 @@ final class StoreClient {
     this.store = store;
   }
 
-  /** {@code validate}: the worker checks an option set (once per distinct set in this JVM). */
+  /**
+   * {@code validate}: the worker checks an option set (once per distinct set in this JVM) and answers
+   * the memory limit it sets (bytes, or null for the default), which the executor's budget takes.
+   */
   static void validate(WorkerClient worker, Options options) {
-    if (VALIDATED.contains(options)) {
-      return;
+    Optional<Long> limit = VALIDATED.get(options);
+    if (limit == null) {
+      ObjectNode h = NODES.objectNode();
+      h.put("op", OP_VALIDATE);
+      h.set("options", optionsNode(options));
+      JsonNode reply = worker.call(h, null, null, options, null);
+      JsonNode bytes = reply == null ? null : reply.get("memoryLimit");
+      limit = bytes == null || bytes.isNull() ? Optional.empty() : Optional.of(bytes.asLong());
+      VALIDATED.put(options, limit);
     }
-    ObjectNode h = NODES.objectNode();
-    h.put("op", OP_VALIDATE);
-    h.set("options", optionsNode(options));
-    worker.call(h, null, null, options, null);
-    VALIDATED.add(options);
+    MemoryBudget.EXECUTOR.setLimit(limit.orElse(null));
   }
 
   /** Names the running query in the store's identity (without it the worker reads the checkpoint's metadata). */
@@ -108,16 +138,21 @@ final class StoreClient {
 
   /**
    * {@code load}: the rows of {@code version}, read by {@code loader}; or null when {@code knownCommitId}
-   * is what storage still holds for it (the caller's copy is current).
+   * is what storage still holds for it (the caller's copy is current). {@code images}: the caller looks keys
+   * up in row images, so the worker may name the snapshot's image and send only the changes after it.
    */
-  <T> T load(long version, String knownCommitId, Loader<T> loader) {
+  <T> T load(long version, String knownCommitId, boolean images, Loader<T> loader) {
     ObjectNode h = request(OP_LOAD);
     h.put("version", version);
     if (knownCommitId != null) {
       h.put("commitId", knownCommitId);
     }
+    if (images) {
+      h.put("images", true);
+    }
     return send(h, null, (reply, body) -> reply.path("unchanged").asBoolean(false) ? null
-        : loader.read(reply.path("rows").asLong(0), reply.path("commitId").asText(null), body));
+        : loader.read(reply.path("rows").asLong(0), reply.path("commitId").asText(null),
+            reply.hasNonNull("image") ? new Image(reply.get("image")) : null, body));
   }
 
   /**

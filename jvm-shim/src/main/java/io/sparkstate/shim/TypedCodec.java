@@ -216,12 +216,15 @@ final class TypedCodec {
    * the sink are the projections' buffers, valid until the next row (the sink copies what it keeps).
    */
   static void decodeBatch(VectorSchemaRoot root, UnsafeProjection keyProjection, UnsafeProjection valueProjection,
-      ArrowCodec.RowSink sink) {
+      ArrowCodec.RowSink sink, boolean deletes) {
     ArrowColumnVector key = new ArrowColumnVector(root.getVector("key"));
     ArrowColumnVector value = new ArrowColumnVector(root.getVector("value"));
     int n = root.getRowCount();
     for (int i = 0; i < n; i++) {
       if (value.isNullAt(i)) {
+        if (deletes) {
+          sink.accept(keyProjection.apply(key.getStruct(i)), null);
+        }
         continue;
       }
       ColumnarRow k = key.getStruct(i);

@@ -1,0 +1,138 @@
+"""State larger than memory, restored without rebuilding it (issue 23), on real queries.
+
+Between the phases of each query every store of the checkpoint is compacted offline with row images
+(``rowImages.minRows=0``), and ``unloadOnCommit`` makes Spark drop its providers after every commit,
+so every batch of the second phase restores its state lazily: the shim opens the snapshot's row image
+and looks keys up in it, and only the changes after the snapshot are decoded. A tiny ``memoryLimit``
+makes the stores spill their changed rows to local row images at every commit. The output must be
+the HDFS provider's, batch by batch, for every operator the layered map serves (the prefix-scan
+stores of session windows keep their own map).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spark_state.options import PREFIX
+from tests.support.scenarios import SCENARIOS, run_scenario
+from tests.support.spark import JsonStream, Query, QueryFailed
+from tests.support.stores import open_stored, store_root
+
+pytestmark = pytest.mark.spark_state_only("row images and spills are spark_state's")
+
+IMAGES = {"row_images_min_rows": 0}
+RESTORE_EVERY_BATCH = {"spark.sql.streaming.stateStore.unloadOnCommit": "true"}
+#: Operators whose stores are served by the layered map: aggregations, eviction by watermark (full
+#: scans), a join's four stores (puts and removes while it scans), applyInPandasWithState.
+LAYERED = ["agg_update", "window_agg_append", "dedup_watermark", "join_inner", "apply_in_pandas_then_window_agg"]
+
+
+def compact_with_images(checkpoint: Path, stores: dict) -> int:
+    """Compacts every store of a stopped query's checkpoint into a snapshot with its row image, as the
+    worker's background maintenance does; returns how many images there are."""
+    images = 0
+    for operator, names in stores.items():
+        for partition_dir in sorted((Path(checkpoint) / "state" / str(operator)).iterdir()):
+            if not partition_dir.name.isdigit():
+                continue
+            for name in names:
+                partition = int(partition_dir.name)
+                if not store_root(checkpoint, operator, partition, name).exists():
+                    continue
+                store = open_stored(checkpoint, operator, partition, name, row_images_min_rows=0,
+                                    snapshot_interval=1)
+                latest = store.latest_version()
+                if latest:
+                    store.maintenance(100, latest)
+                    images += sum(1 for p in store.storage.list_files() if p.endswith(".img"))
+    return images
+
+
+def image_rows(query: Query) -> list[int]:
+    """sparkStateImageRows of each batch's first stateful operator: rows looked up in row images."""
+    return [op.get("customMetrics", {}).get("sparkStateImageRows", 0)
+            for p in query.progress for op in p.get("stateOperators", [])[:1]]
+
+
+@pytest.mark.parametrize("name", LAYERED)
+def test_lazy_restores_from_row_images_give_hdfs_output(spark, tmp_path, name):
+    scenario = SCENARIOS[name]
+    made = []
+
+    def between(twin):
+        made.append(compact_with_images(twin.test.checkpoint, scenario.stores))
+
+    twin = run_scenario(spark, tmp_path, scenario, tested="spark_state", options=IMAGES,
+                        conf=RESTORE_EVERY_BATCH, between=between)
+    twin.assert_same()
+    assert made and made[0] > 0, "no row image was written: the restores were not lazy"
+    assert any(n > 0 for n in image_rows(twin.test)), "no batch looked keys up in a row image"
+
+
+@pytest.mark.parametrize("name", ["agg_update", "join_inner"])
+def test_stores_over_their_memory_limit_spill_and_give_hdfs_output(spark, tmp_path, name):
+    """memoryLimit of 1 KiB: every commit spills the changed rows to a local row image (merged with the
+    one below), so the second phase reads and scans rows that live only in spill images."""
+    twin = run_scenario(spark, tmp_path, SCENARIOS[name], tested="spark_state",
+                        options={**IMAGES, "memory_limit": "1k"})
+    twin.assert_same()
+    assert any(n > 0 for n in image_rows(twin.test)), "no store spilled its rows to a row image"
+
+
+def test_a_vanished_row_image_costs_only_the_laziness(spark, tmp_path):
+    """The snapshot's image deleted under the checkpoint (a disk cleaner): the restore loads the rows."""
+    events = JsonStream(tmp_path / "events", "k string, n int")
+    query = Query(spark, lambda s: events.read(s).groupBy("k").count(), tmp_path / "ckpt",
+                  options=IMAGES, conf=RESTORE_EVERY_BATCH)
+    events.add([{"k": k, "n": 1} for k in "aabbbc"])
+    query.run()
+    assert compact_with_images(query.checkpoint, {0: ["default"]}) > 0
+    for image in (tmp_path / "ckpt" / "state").rglob("*.img"):
+        image.unlink()
+    events.add([{"k": k, "n": 1} for k in "abd"])
+    query.run()
+    assert sorted(query.outputs[1]) == [("a", 3), ("b", 4), ("d", 1)]
+
+
+def test_a_corrupt_row_image_fails_no_batch_and_loses_nothing(spark, tmp_path):
+    """Every block of the image flipped: opening checks the index, reading a block its CRC; either way
+    the store loads the snapshot's rows instead, and the counts carry on exactly."""
+    events = JsonStream(tmp_path / "events", "k string, n int")
+    query = Query(spark, lambda s: events.read(s).groupBy("k").count(), tmp_path / "ckpt",
+                  options=IMAGES, conf=RESTORE_EVERY_BATCH)
+    events.add([{"k": k, "n": 1} for k in "aabbbc"])
+    query.run()
+    assert compact_with_images(query.checkpoint, {0: ["default"]}) > 0
+    for image in (tmp_path / "ckpt" / "state").rglob("*.img"):
+        data = bytearray(image.read_bytes())
+        for i in range(0, len(data) - 40, 7):
+            data[i] ^= 0x5A
+        image.write_bytes(bytes(data))
+    events.add([{"k": k, "n": 1} for k in "abd"])
+    query.run()
+    assert sorted(query.outputs[1]) == [("a", 3), ("b", 4), ("d", 1)]
+
+
+def test_a_damaged_block_found_by_a_lookup_fails_the_batch_clearly_and_the_rerun_loads_the_rows(spark, tmp_path):
+    """A block damaged where only its CRC-32 can tell (the index intact, so the image opens): the first
+    lookup of a key in it fails the task with an error naming the file; Spark's retry on this executor
+    (or a restart of the query) loads the snapshot's rows instead, and nothing is lost."""
+    events = JsonStream(tmp_path / "events", "k string, n int")
+    query = Query(spark, lambda s: events.read(s).groupBy("k").count(), tmp_path / "ckpt",
+                  options=IMAGES, conf=RESTORE_EVERY_BATCH)
+    events.add([{"k": k, "n": 1} for k in "aabbbc"])
+    query.run()
+    assert compact_with_images(query.checkpoint, {0: ["default"]}) > 0
+    for image in (tmp_path / "ckpt" / "state").rglob("*.img"):
+        data = bytearray(image.read_bytes())
+        data[3] ^= 0xFF   # inside block 0 (blocks start the file; the index and trailer end it)
+        image.write_bytes(bytes(data))
+    events.add([{"k": k, "n": 1} for k in "abcd"])
+    try:
+        query.run()
+    except QueryFailed as err:
+        assert "corrupt" in err.message and ".img" in err.message, err.message
+        query.run()
+    assert sorted(query.outputs[1]) == [("a", 3), ("b", 4), ("c", 2), ("d", 1)]
