@@ -4,14 +4,16 @@
 #               then the compat matrix (CI: .ci/run)
 #   make test-fast  the tests that need neither Spark nor a JVM (tests/unit, chain, worker; ~2 min)
 #   make wheel  builds dist/spark_state-*.whl (with the JVM shim jar inside)
-#   make test-compat  the compat matrix alone: the wheel beside pyspark 4.0, 4.1 and 4.2 (~3 min
-#               with pip's cache warm); make test COMPAT=0 skips it
+#   make dist   builds the sdist, then the wheel from that sdist (what an index serves), and checks both with twine
+#   make docs   builds the user guide (docs/, mkdocs.yml) into build/site with warnings as errors
+#   make test-compat  the compat matrix alone: the wheel on Python 3.10, 3.12 and 3.13 beside pyspark
+#               4.0, 4.1 and 4.2 (~3 min with pip's cache warm); make test COMPAT=0 skips it
 PYTHON ?= python3.11
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-cluster install shim bench bench-quick bench-rescale bench-typed clean wheel test-compat
+.PHONY: demo test test-fast test-cluster install shim bench bench-quick bench-rescale bench-typed clean wheel dist docs test-compat
 
 demo: install
 	$(PY) -m spark_state.demo
@@ -40,7 +42,7 @@ $(STAMP): pyproject.toml
 	@command -v javac >/dev/null || { echo "error: javac not found; install a JDK 17 (e.g. apt-get install openjdk-17-jdk-headless)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) -m pip install -q -e '.[test,bench,docs,release]'
 	touch $(STAMP)
 
 # Compiles jvm-shim/ against the installed pyspark's jars (redone when the Spark version changes).
@@ -50,6 +52,15 @@ shim: $(STAMP)
 # PEP 517 build (isolated: installs pyspark 4.3 into the build environment and compiles the shim).
 wheel: $(STAMP)
 	$(PY) -m pip wheel --no-deps -w dist .
+
+# The sdist, then the wheel built from the unpacked sdist (python -m build does both), checked by twine.
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	$(PY) -m twine check --strict dist/*
+
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir build/site
 
 test-compat: install
 	$(PY) -m tests.compat.run $(COMPAT_ARGS)

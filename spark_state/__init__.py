@@ -1,9 +1,9 @@
 """spark_state: Flink-style key-group snapshots as a Spark Structured Streaming state store.
 
-Turn it on with ``spark_state.configure(SparkSession.builder)``; see README.md.
+Turn it on with ``spark_state.configure(SparkSession.builder)``; see README.md and the user guide in docs/.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 #: The Java class Spark instantiates (spark.sql.streaming.stateStore.providerClass).
 PROVIDER_CLASS = "io.sparkstate.shim.SparkStateProvider"

@@ -186,7 +186,7 @@ _SPECS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
 #: Short option name -> its Settings field (the snake_case keyword of configure()).
 OPTION_FIELDS = {name: field for name, (field, _) in _SPECS.items()}
 
-#: Short option name -> one-line description, for the README and conf/.
+#: Short option name -> one-line description, for the user guide (documented()) and conf/.
 DESCRIPTIONS = {
     "storage": "Checkpoint storage: 'filesystem' (any fsspec URL, durable) or 'memory' (worker process memory).",
     "checkpointRoot": "Root URL of the filesystem storage. Default: Spark's own state directory of each store.",
@@ -212,6 +212,15 @@ DESCRIPTIONS = {
                     "image, and the cache of image blocks), e.g. 512m or 2g; above it a store spills its rows to "
                     "local disk. Default: a quarter of the executor's heap."),
 }
+
+
+def documented() -> list[tuple[str, str, str]]:
+    """(Spark conf key, ``configure()`` keyword, description) of every option, in definition order.
+
+    The user guide's options table is generated from this (docs/hooks.py), so it cannot drift from the code.
+    """
+    return [(PREFIX + short, OPTION_FIELDS[short], DESCRIPTIONS[short]) for short in _SPECS]
+
 
 assert set(DESCRIPTIONS) == set(_SPECS)
 assert {f.name for f in fields(Settings)} == {f for f, _ in _SPECS.values()}

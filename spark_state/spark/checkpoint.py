@@ -7,7 +7,7 @@ A batch is restorable when Spark committed it (``commits/b``), its offsets
 are still logged (``offsets/b``) and every store still has version ``b + 1``
 (retention keeps ``spark.sql.streaming.minBatchesToRetain`` of them).
 
-Stores live where the worker put them (README.md, "Checkpoint layout"): in
+Stores live where the worker put them (docs/format.md, "Checkpoint layout"): in
 Spark's state directory of each store unless the query set ``checkpointRoot``;
 then pass the same option in ``settings`` so the tools look where the worker
 wrote. The tools open a store with the worker's own factory

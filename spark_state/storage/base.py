@@ -3,7 +3,7 @@
 One spec, many backends (Flink's ``CheckpointStorage``, fsspec's
 ``AbstractFileSystem``): the version chain (``spark_state.chain``) only ever
 calls the methods below, with paths relative to the store's root. What the
-paths are is ``spark_state.storage.layout``'s business (README.md,
+paths are is ``spark_state.storage.layout``'s business (docs/format.md,
 "Checkpoint layout").
 
 Data is always written before the manifest that names it, and a manifest

@@ -1,7 +1,7 @@
 """Where a store's files are: the names inside a store's directory, and where that directory is.
 
 The layout itself (what ``chk-N/``, ``shared/`` and ``refs/`` hold, with and
-without ``checkpointRoot``) is described once, in README.md, "Checkpoint
+without ``checkpointRoot``) is described once, in docs/format.md, "Checkpoint
 layout". This module is its code: every path spark_state writes or reads is
 built here, so the worker and the offline tools cannot drift apart on it.
 

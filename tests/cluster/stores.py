@@ -1,7 +1,7 @@
 """What spark_state left on disk for a query, read directly (no Spark, no worker).
 
 Default root only: a store's files are in Spark's own state directory of it,
-``<checkpoint>/state/<operator>/<partition>/`` (README, "Checkpoint layout").
+``<checkpoint>/state/<operator>/<partition>/`` (docs/format.md, "Checkpoint layout").
 """
 
 from __future__ import annotations

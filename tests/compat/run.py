@@ -1,17 +1,20 @@
-"""Compatibility matrix: the wheel beside each supported pyspark, no JDK at run time.
+"""Compatibility matrix: the wheel on each supported Python beside each supported pyspark, no JDK at run time.
 
-    python -m tests.compat.run [--versions 4.0.5 4.1.4 4.2.1] [--wheel PATH] [--workdir DIR]
+    python -m tests.compat.run [--matrix 3.10=4.0.5 3.12=4.1.4 3.13=4.2.1] [--python 3.12=/path/to/python3.12]
+                               [--wheel PATH] [--workdir DIR]
 
-For each version: a fresh virtualenv with the wheel and ``pyspark==VERSION`` installed by pip
-(every dependency resolved and installed from the index or pip's cache, nothing shared with
-the development environment), then tests/support/wheel_app.py twice with ``java`` but no ``javac`` on
-PATH: a running-total applyInPandasWithState query, stopped and restarted from its checkpoint
-in a second application, must continue every key's total, and the provider-contract check
-(no abstract method of that version's StateStoreProvider / StateStore / ReadStateStore left
-unimplemented by the shim classes, loaded in that version's JVM) must come back empty, and in the
-second application Spark's change feed, snapshot replay and read_changes must agree
-(``history_problems``).
-Prints one line per version with the measured times; exits 1 if any version failed.
+Not the full product: every supported Python and every supported pyspark at least once, the
+development environment (Python 3.11, pyspark 4.3: the suite and tests/packaging/test_wheel.py)
+included. For each entry: a fresh virtualenv of that Python (tests/support/pythons.py finds the
+interpreter) with the wheel and ``pyspark==VERSION`` installed by pip (every dependency resolved
+for that Python and installed from the index or pip's cache, nothing shared with the development
+environment), then tests/support/wheel_app.py twice with ``java`` but no ``javac`` on PATH: a
+running-total applyInPandasWithState query, stopped and restarted from its checkpoint in a second
+application, must continue every key's total, and the provider-contract check (no abstract method
+of that version's StateStoreProvider / StateStore / ReadStateStore left unimplemented by the shim
+classes, loaded in that version's JVM) must come back empty, and in the second application Spark's
+change feed, snapshot replay and read_changes must agree (``history_problems``).
+Prints one line per entry with the measured times; exits 1 if any entry failed.
 """
 
 from __future__ import annotations
@@ -25,16 +28,26 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from tests.support import wheel_app, wheel_env
+from tests.support import pythons, wheel_app, wheel_env
 
-#: Latest patch release of each supported minor version besides the development pin (4.3).
-DEFAULT_VERSIONS = ["4.0.5", "4.1.4", "4.2.1"]
+#: Python -> pyspark (latest patch release of each minor version besides the development pin, 4.3 on
+#: Python 3.11). Python 3.10 goes with pyspark 4.0, the oldest pair both support; pyspark 4.3 supports
+#: Python 3.11-3.14 and 4.0-4.2 support 3.10-3.13.
+DEFAULT_MATRIX = {"3.10": "4.0.5", "3.12": "4.1.4", "3.13": "4.2.1"}
 
 
-def install(wheel: Path, version: str, work: Path) -> tuple[Path, float]:
-    """A fresh venv with the wheel and ``pyspark==version``; returns its python and the seconds it took."""
+def _pairs(items: list[str], what: str) -> dict[str, str]:
+    pairs = dict(item.split("=", 1) for item in items if "=" in item)
+    if len(pairs) != len(items):
+        raise SystemExit(f"{what}: expected PYTHON=VALUE items, e.g. 3.12=4.1.4; got {items}")
+    return pairs
+
+
+def install(wheel: Path, python_version: str, version: str, work: Path, explicit: str | None) -> tuple[Path, float]:
+    """A fresh venv of Python ``python_version`` with the wheel and ``pyspark==version``; returns its python
+    and the seconds it took."""
     t0 = time.monotonic()
-    python = wheel_env.make_venv(work / "venv")
+    python = wheel_env.make_venv(work / "venv", base=pythons.find(python_version, explicit))
     wheel_env.pip_install(python, wheel, f"pyspark=={version}", log=work / "pip.log")
     return python, round(time.monotonic() - t0, 1)
 
@@ -59,9 +72,9 @@ def history_problems(phase: int, history: dict | None) -> list[str]:
     return problems
 
 
-def check_version(installing: Future, version: str, work: Path) -> dict:
-    """Runs one version once its venv is installed; returns its record (``ok``, ``error``, times in seconds)."""
-    record: dict = {"pyspark": version, "ok": False}
+def check_version(installing: Future, python_version: str, version: str, work: Path) -> dict:
+    """Runs one entry once its venv is installed; returns its record (``ok``, ``error``, times in seconds)."""
+    record: dict = {"python": python_version, "pyspark": version, "ok": False}
     t0 = time.monotonic()
     try:
         python, record["install_s"] = installing.result()
@@ -78,6 +91,9 @@ def check_version(installing: Future, version: str, work: Path) -> dict:
                         if k in {k for k, _ in wheel_app.EVENTS[phase]}}
             if result["spark"] != version:
                 problems.append(f"phase {phase} ran Spark {result['spark']}, not {version}")
+            if result["python_version"] != python_version or result["pythons"] != [str(python)]:
+                problems.append(f"phase {phase} ran Python {result['python_version']} (workers: {result['pythons']}), "
+                                f"not {python_version} from {python}")
             if result["javac"]:
                 problems.append(f"javac was on PATH: {result['javac']}")
             if not result["jar"].startswith(str(work / "venv")):
@@ -92,7 +108,7 @@ def check_version(installing: Future, version: str, work: Path) -> dict:
                 problems.append(f"abstract methods left unimplemented: {unimplemented}")
         record["ok"] = not problems
         record["error"] = "; ".join(problems) or None
-    except wheel_env.AppFailed as err:
+    except (wheel_env.AppFailed, pythons.PythonNotFound) as err:
         record["error"] = str(err)
     record["total_s"] = round(record.get("install_s", 0) + time.monotonic() - t0, 1)
     return record
@@ -100,10 +116,16 @@ def check_version(installing: Future, version: str, work: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--versions", nargs="+", default=DEFAULT_VERSIONS)
+    parser.add_argument("--matrix", nargs="+", metavar="PYTHON=PYSPARK",
+                        default=[f"{py}={spark}" for py, spark in DEFAULT_MATRIX.items()],
+                        help="the entries to run (default: %(default)s)")
+    parser.add_argument("--python", action="append", default=[], metavar="PYTHON=PATH",
+                        help="the interpreter of a Python version, when it is not found by itself")
     parser.add_argument("--wheel", type=Path, help="an already built wheel (default: build one)")
     parser.add_argument("--workdir", type=Path, help="keep venvs and logs here (default: a temporary dir)")
     args = parser.parse_args(argv)
+    matrix = _pairs(args.matrix, "--matrix")
+    explicit = _pairs(args.python, "--python")
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="spark-state-compat-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -116,14 +138,15 @@ def main(argv: list[str] | None = None) -> int:
     records = []
     # pip is mostly waiting on disk and the index: every venv installs at once, the apps (which start
     # Spark) then run one version at a time.
-    with ThreadPoolExecutor(max_workers=len(args.versions)) as pool:
-        installs = {v: pool.submit(install, wheel, v, work / f"pyspark-{v}") for v in args.versions}
-        for version in args.versions:
-            record = check_version(installs[version], version, work / f"pyspark-{version}")
+    with ThreadPoolExecutor(max_workers=len(matrix)) as pool:
+        installs = {py: pool.submit(install, wheel, py, spark, work / f"py{py}-pyspark-{spark}", explicit.get(py))
+                    for py, spark in matrix.items()}
+        for py, spark in matrix.items():
+            record = check_version(installs[py], py, spark, work / f"py{py}-pyspark-{spark}")
             records.append(record)
             times = ", ".join(f"{k} {v} s" for k, v in record.items() if k.endswith("_s"))
             status = "ok" if record["ok"] else "FAILED: " + record["error"]
-            print(f"pyspark {version}: {status} ({times})", flush=True)
+            print(f"Python {py}, pyspark {spark}: {status} ({times})", flush=True)
     (work / "results.json").write_text(json.dumps(records, indent=2))
     print(f"compat matrix done in {time.monotonic() - started:.0f} s (logs and results.json in {work})")
     print(f"compat: {sum(r['ok'] for r in records)} passed, {sum(not r['ok'] for r in records)} failed", flush=True)

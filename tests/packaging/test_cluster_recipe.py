@@ -1,4 +1,4 @@
-"""The README's cluster recipe, end to end: a Spark standalone cluster on 127.0.0.1 (a master and
+"""The cluster recipe of docs/getting-started.md, end to end: a Spark standalone cluster on 127.0.0.1 (a master and
 two workers started with ``spark-class`` from the pip pyspark), the application submitted with
 ``spark-submit``, spark_state and its Python shipped to the executors as a venv-pack archive,
 state on a loopback S3 endpoint (moto), and a restart from the checkpoint. No javac on PATH.
@@ -82,7 +82,7 @@ def test_standalone_cluster_with_packed_venv_and_state_on_s3_survives_restart(wh
 
     env = wheel_env.jre_env(tmp_path)
     env["SPARK_LOCAL_IP"] = "127.0.0.1"
-    # The venv activated, as in the README: spark-class finds pyspark through `python3` on PATH.
+    # The venv activated, as in docs/getting-started.md: spark-class finds pyspark through `python3` on PATH.
     env["PATH"] = f"{tmp_path / 'venv' / 'bin'}{os.pathsep}{env['PATH']}"
     env["VIRTUAL_ENV"] = str(tmp_path / "venv")
     cluster = Cluster(tmp_path / "venv" / "bin", tmp_path, env)

@@ -9,11 +9,16 @@ dependency fresh, beside each other supported pyspark, is tests/compat/run.py's 
 
 from __future__ import annotations
 
+import hashlib
+import io
 import shutil
+import subprocess
+import sys
 import zipfile
 
 import pytest
 
+import spark_state
 from tests.support import wheel_app, wheel_env
 
 needs_jdk = pytest.mark.skipif(shutil.which("javac") is None, reason="building the wheel needs a JDK 17")
@@ -51,3 +56,30 @@ def test_installed_wheel_restores_state_after_restart_without_javac(wheel, tmp_p
         assert result["pythons"] == [str(python)]
     assert first["totals"] == {"a": 4, "b": 2}
     assert second["totals"] == {"a": 14, "c": 5}  # a's total continues from the first application
+
+
+def _contents(wheel) -> dict:
+    """Every entry's SHA-256, the shim jar's by entry (a jar's own timestamps differ between builds); RECORD,
+    which holds the jar's hash, is left out."""
+    out = {}
+    with zipfile.ZipFile(wheel) as zf:
+        for name in zf.namelist():
+            data = zf.read(name)
+            if name.endswith(".jar"):
+                with zipfile.ZipFile(io.BytesIO(data)) as jar:
+                    out[name] = {n: hashlib.sha256(jar.read(n)).hexdigest() for n in jar.namelist()}
+            elif not name.endswith(".dist-info/RECORD"):
+                out[name] = hashlib.sha256(data).hexdigest()
+    return out
+
+
+@needs_jdk
+def test_the_sdist_builds_the_same_wheel_and_both_pass_twine_check(wheel, tmp_path):
+    sdist, from_sdist = wheel_env.build_release(tmp_path / "release")
+    assert sdist.name == f"spark_state-{spark_state.__version__}.tar.gz"
+    assert from_sdist.name == wheel.name == f"spark_state-{spark_state.__version__}-py3-none-any.whl"
+    assert _contents(from_sdist) == _contents(wheel)
+    assert f"spark_state-{spark_state.__version__}.dist-info/licenses/LICENSE" in _contents(wheel)
+    check = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", sdist, wheel],
+                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert check.returncode == 0, check.stdout + check.stderr

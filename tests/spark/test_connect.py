@@ -1,4 +1,4 @@
-"""Spark Connect: a local Connect server started with spark_state (the README's command line), and
+"""Spark Connect: a local Connect server started with spark_state (docs/getting-started.md's command line), and
 an applyInPandasWithState query from a Connect client that knows nothing of spark_state, restarted
 against a new server from its checkpoint."""
 

@@ -4,7 +4,7 @@ Round trips: a query runs on a source provider (Spark's HDFS provider, RocksDB, 
 changelog checkpointing), is migrated to spark_state and runs a phase there, is migrated back to
 Spark's HDFS provider and runs the last phase there; meanwhile the original query continues on its
 own provider over the same input, and every migrated phase's output must be its output batch by
-batch. Every operator the README supports runs once in the default suite (each with one source
+batch. Every operator docs/guarantees.md supports runs once in the default suite (each with one source
 provider); ``--run-slow`` runs every operator from every source provider.
 
 Also: the migrated stores are the stores the shim writes (hashes, key groups, schemas, rows), and

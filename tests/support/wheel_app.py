@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         "listeners": sorted(l.getClass().getName() for l in spark._jsparkSession.streams().listListeners()),
         "totals": totals,
         "pythons": sorted({row["python"] for row in outputs}),
+        "python_version": "%d.%d" % sys.version_info[:2],
         "pid": os.getpid(),
         "history": history(spark, args.workdir / "checkpoint") if args.phase > 1 else None,
     }

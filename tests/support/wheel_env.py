@@ -59,21 +59,35 @@ def build_wheel(dest: Path, *, isolated: bool = True) -> Path:
     if not isolated:
         cmd.insert(4, "--no-build-isolation")
     run(cmd, log=dest / "build.log")
-    wheels = sorted(dest.glob("spark_state-*.whl"))
-    if len(wheels) != 1:
-        raise AppFailed(f"expected one spark_state wheel in {dest}, found {wheels}")
-    return wheels[0]
+    return _one(dest, "spark_state-*.whl")
 
 
-def make_venv(path: Path, *, share_current_site: bool = False) -> Path:
-    """A new virtualenv (no pip of its own: installs go through this interpreter's pip).
+def build_release(dest: Path) -> tuple[Path, Path]:
+    """The sdist and the wheel built from it (``python -m build``, as ``make dist``), from a clean copy of the
+    source tree, into ``dest``."""
+    src = dest / "src"
+    shutil.copytree(ROOT, src, ignore=NOT_IN_CLONE)
+    run([sys.executable, "-m", "build", "--outdir", dest, src], log=dest / "build.log")
+    return _one(dest, "spark_state-*.tar.gz"), _one(dest, "spark_state-*.whl")
+
+
+def _one(directory: Path, pattern: str) -> Path:
+    found = sorted(directory.glob(pattern))
+    if len(found) != 1:
+        raise AppFailed(f"expected one {pattern} in {directory}, found {found}")
+    return found[0]
+
+
+def make_venv(path: Path, *, share_current_site: bool = False, base: Path | None = None) -> Path:
+    """A new virtualenv of ``base`` (default: this interpreter), with no pip of its own: installs go
+    through this interpreter's pip (``pip --python``, which runs pip's code on the venv's Python).
 
     ``share_current_site`` appends the current environment's site-packages to the new one's
     path (after its own, and without running that directory's .pth files, so an editable
     spark_state there stays invisible): a wheel installed ``--no-deps`` then finds pyspark,
     pandas and pyarrow without reinstalling them.
     """
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    subprocess.run([str(base or sys.executable), "-m", "venv", "--without-pip", str(path)], check=True)
     python = path / "bin" / "python"
     if share_current_site:
         site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
