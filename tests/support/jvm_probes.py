@@ -33,9 +33,8 @@ def probe_command(source: str, main_class: str, classes: Path, *jvm_options: str
 class ProbeProcess:
     """A running probe that answers each command line on stdin with lines on stdout."""
 
-    def __init__(self, cmd: list[str]):
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
+    def __init__(self, cmd: list[str], *, stderr=subprocess.PIPE):
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True)
 
     def send(self, line: str) -> None:
         self.proc.stdin.write(line + "\n")
@@ -43,13 +42,22 @@ class ProbeProcess:
 
     def read(self) -> str:
         line = self.proc.stdout.readline()
-        assert line, "the probe JVM ended: " + self.proc.stderr.read()[-2000:]
+        assert line, "the probe JVM ended: " + (self.proc.stderr.read()[-2000:] if self.proc.stderr
+                                                 else f"exit code {self.proc.wait()}")
         return line.rstrip("\n")
 
     def ask(self, line: str) -> str:
         self.send(line)
         return self.read()
 
-    def close(self) -> None:
+    def answer(self, line: str) -> str:
+        """Sends one command and returns its answer: the first line that starts with OK or ERR (a probe
+        may print other lines before it)."""
+        self.send(line)
+        while not (reply := self.read()).startswith(("OK", "ERR")):
+            pass
+        return reply.strip()
+
+    def close(self, timeout: float = 30) -> None:
         self.proc.stdin.close()
-        self.proc.wait(timeout=30)
+        self.proc.wait(timeout=timeout)
