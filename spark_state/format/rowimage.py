@@ -1,5 +1,8 @@
 """Row images: state files the JVM looks keys up in directly (issue 23), without decoding any row.
 
+(Over 400 lines on purpose: the spec, the writer and the reader of one byte layout stay in one module,
+so a change to the bytes is made, and reviewed, in one place.)
+
 A row image holds one store's rows as Spark's own ``UnsafeRow`` bytes, sorted by (key group, hash), in
 small independently compressed blocks behind a block index: a get is one binary search in the index,
 one block decompression and a scan of ~100 records. The worker writes one beside each typed snapshot

@@ -1,5 +1,8 @@
 """Spark's ``UnsafeRow`` bytes from typed Arrow rows, vectorised with numpy (and back, for tests and readers).
 
+(Over 400 lines on purpose: the numbered layout rules below and the writer and reader that follow them
+stay in one module, so a change to the bytes is made, and reviewed, in one place.)
+
 A row image (``spark_state.format.rowimage``) holds each key as exactly the bytes Spark's
 ``UnsafeProjection`` makes for it: the JVM looks keys up by comparing bytes, so one differing padding byte
 is a missed key. The typed state tables hold keys and values as Arrow struct columns (Spark's

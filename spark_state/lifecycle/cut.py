@@ -82,6 +82,20 @@ class Copied:
     checksum: str
 
 
+@dataclass(frozen=True)
+class NewCheckpoint:
+    """A checkpoint written from a cut of another (restore, migrate): the query resumes on it with batch + 1."""
+
+    location: str
+    query_id: str            # the new checkpoint's query id
+    batch: int               # the query resumes with batch + 1
+    source: str
+    source_query_id: str
+
+    def __str__(self) -> str:
+        return self.location
+
+
 @dataclass
 class Cut:
     """The files of one committed batch and what they hold."""

@@ -37,7 +37,7 @@ from typing import Iterator, Mapping
 
 from spark_state import PROVIDER_CLASS
 from spark_state.errors import CheckpointError
-from spark_state.lifecycle.cut import Item, copy_items, log_items, source_items
+from spark_state.lifecycle.cut import Item, NewCheckpoint, copy_items, log_items, source_items
 from spark_state.lifecycle.progress import Progress
 from spark_state.lifecycle.rescale import active_query_ids
 from spark_state.options import PREFIX, Settings, settings_from
@@ -59,21 +59,13 @@ HDFS_FILE_CONFS = ("spark.sql.streaming.stateStore.compression.codec",
 
 
 @dataclass(frozen=True)
-class Migrated:
-    location: str
-    query_id: str            # the new checkpoint's query id
-    batch: int               # the query resumes with batch + 1
-    source: str
-    source_query_id: str
+class Migrated(NewCheckpoint):
     source_provider: str     # "hdfs", "rocksdb" or "spark_state"
     target_provider: str     # "spark_state" or "hdfs"
     stores: int              # store partitions written
     rows: int
     bytes: int               # state bytes written
     seconds: float
-
-    def __str__(self) -> str:
-        return self.location
 
 
 @dataclass(frozen=True)

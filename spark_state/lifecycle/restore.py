@@ -30,7 +30,7 @@ from typing import Mapping
 
 from spark_state.errors import CheckpointError
 from spark_state.format.manifest import Manifest
-from spark_state.lifecycle.cut import Item, checkpoint_cut, copy_items, split_store_path
+from spark_state.lifecycle.cut import Item, NewCheckpoint, checkpoint_cut, copy_items, split_store_path
 from spark_state.lifecycle.progress import Progress
 from spark_state.lifecycle.savepoint import is_savepoint, read_savepoint
 from spark_state.options import Settings, settings_from
@@ -41,17 +41,9 @@ from spark_state.storage.layout import MANIFEST_NAME, version_dir_of
 
 
 @dataclass(frozen=True)
-class Restored:
-    location: str
-    query_id: str        # the new checkpoint's query id
-    batch: int           # the query resumes with batch + 1
-    source: str
-    source_query_id: str
+class Restored(NewCheckpoint):
     files: int
     bytes: int
-
-    def __str__(self) -> str:
-        return self.location
 
 
 def _require_empty(target: Dir, what: str) -> None:

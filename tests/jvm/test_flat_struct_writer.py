@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import types as T
 
-from tests.support.jvm_probes import probe_command
+from tests.support.jvm_probes import ProbeProcess, probe_command
 
 # Spark type, Arrow type of the probe's input, strategy of a value (the raw int for dates and timestamps).
 FLAT = {
@@ -97,21 +97,9 @@ def columns(table: pa.Table) -> dict:
 def probe(tmp_path_factory):
     """One JVM running tests/jvm/EncoderProbe.java against the shim jar built from this tree."""
     cmd = probe_command("EncoderProbe.java", "io.sparkstate.shim.EncoderProbe", tmp_path_factory.mktemp("probe"))
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-
-    def call(*fields: str) -> str:
-        proc.stdin.write("\t".join(fields) + "\n")
-        proc.stdin.flush()
-        while True:
-            line = proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"EncoderProbe exited {proc.wait()}")
-            if line.startswith(("OK", "ERR")):
-                return line.strip()
-
-    yield call
-    proc.stdin.close()
-    proc.wait(timeout=60)
+    proc = ProbeProcess(cmd, stderr=subprocess.DEVNULL)
+    yield lambda *fields: proc.answer("\t".join(fields))
+    proc.close(timeout=60)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

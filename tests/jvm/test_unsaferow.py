@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from pyspark.sql import types as T
 
 from spark_state.format import unsaferow
-from tests.support.jvm_probes import probe_command
+from tests.support.jvm_probes import ProbeProcess, probe_command
 
 F32_SPECIAL = [0, 0x80000000, 0x7FC00000, 0xFFC00000, 0x7F800001, 0x7FBFFFFF, 0xFF800001, 0x7F800000,
                0xFF800000, 0x00000001, 0x7F7FFFFF]
@@ -161,27 +161,19 @@ def bits(array: pa.Array) -> pa.Array:
 def probe(tmp_path_factory):
     """One JVM running tests/jvm/UnsafeRowProbe.java."""
     cmd = probe_command("UnsafeRowProbe.java", "UnsafeRowProbe", tmp_path_factory.mktemp("probe"))
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = ProbeProcess(cmd, stderr=subprocess.DEVNULL)
 
     def spark_rows(schema: T.StructType, rows: pa.Array, out) -> tuple[list[bytes], list[bytes], pa.Array]:
         table = pa.Table.from_arrays([rows], names=["row"])
         with pa.OSFile(str(out / "in.arrow"), "wb") as f, pa.ipc.new_stream(f, table.schema) as w:
             w.write_table(table)
-        proc.stdin.write(f"{schema.json()}\t{out / 'in.arrow'}\t{out}\n")
-        proc.stdin.flush()
-        while True:
-            line = proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"UnsafeRowProbe exited {proc.wait()}")
-            if line.startswith(("OK", "ERR")):
-                break
-        assert line.strip() == f"OK {len(rows)}", line
+        line = proc.answer(f"{schema.json()}\t{out / 'in.arrow'}\t{out}")
+        assert line == f"OK {len(rows)}", line
         writer = pa.ipc.open_stream((out / "writer.arrow").read_bytes()).read_all().column("row")
         return read_rows(out / "codegen.bin"), read_rows(out / "interpreted.bin"), writer
 
     yield spark_rows
-    proc.stdin.close()
-    proc.wait(timeout=60)
+    proc.close(timeout=60)
 
 
 def check_against_spark(probe, out, schema: T.StructType, rows: pa.Array) -> None:

@@ -34,10 +34,12 @@ def probe_command(source: str, main_class: str, classes: Path, *jvm_options: str
 class ProbeProcess:
     """A running probe that answers each command line on stdin with lines on stdout."""
 
-    def __init__(self, cmd: list[str]):
-        # stderr (the JVM's log) goes to a file: a pipe nobody reads would block the probe once it fills
+    def __init__(self, cmd: list[str], *, stderr=None):
+        # stderr (the JVM's log) goes to a file unless the caller names one: a pipe nobody reads would block
+        # the probe once it fills
         self.log = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log if stderr is None else stderr, text=True)
 
     def send(self, line: str) -> None:
         self.proc.stdin.write(line + "\n")
@@ -47,14 +49,22 @@ class ProbeProcess:
         line = self.proc.stdout.readline()
         if not line:
             self.log.seek(0)
-            raise AssertionError("the probe JVM ended: " + self.log.read()[-2000:])
+            raise AssertionError(f"the probe JVM ended (exit code {self.proc.wait()}): " + self.log.read()[-2000:])
         return line.rstrip("\n")
 
     def ask(self, line: str) -> str:
         self.send(line)
         return self.read()
 
-    def close(self) -> None:
+    def answer(self, line: str) -> str:
+        """Sends one command and returns its answer: the first line that starts with OK or ERR (a probe
+        may print other lines before it)."""
+        self.send(line)
+        while not (reply := self.read()).startswith(("OK", "ERR")):
+            pass
+        return reply.strip()
+
+    def close(self, timeout: float = 30) -> None:
         self.proc.stdin.close()
-        self.proc.wait(timeout=30)
+        self.proc.wait(timeout=timeout)
         self.log.close()

@@ -1,5 +1,8 @@
 """Several worker processes on one store, checked against a dict model of what was acknowledged (issue 9).
 
+(Over 400 lines on purpose: one Hypothesis state machine, its rules and the model they check; split, each rule
+would be read away from the invariants it must keep.)
+
 Spark runs one task per store at a time, but tasks move between executors, retries and speculative
 copies re-commit a version, an old executor's maintenance runs while a new one commits, and workers
 and executors die mid-request. Each simulated executor here is a shim's view (the version it holds,
