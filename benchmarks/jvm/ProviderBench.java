@@ -279,6 +279,21 @@ public final class ProviderBench {
         return acc[0];
     }
 
+    /** CPU ticks (user + system) of this JVM's child processes (spark_state's worker) so far. */
+    static long childrenCpuTicks() {
+        long[] acc = {0};
+        ProcessHandle.current().descendants().forEach(ph -> {
+            try {
+                String stat = new String(Files.readAllBytes(Paths.get("/proc/" + ph.pid() + "/stat")));
+                String[] f = stat.substring(stat.lastIndexOf(')') + 2).split(" ");
+                acc[0] += Long.parseLong(f[11]) + Long.parseLong(f[12]);
+            } catch (IOException | RuntimeException ignored) {
+                // the process ended, or no /proc: counts as idle
+            }
+        });
+        return acc[0];
+    }
+
     static long heapUsedAfterGc() {
         MemoryMXBean mx = ManagementFactory.getMemoryMXBean();
         long last = Long.MAX_VALUE;
@@ -498,18 +513,22 @@ public final class ProviderBench {
         } finally {
             p.close();
         }
-        // background work (e.g. spark_state's snapshot compaction, which computes for seconds before it
-        // writes) may still be running: count once the directory has not changed for 15 s (at most 360 s),
-        // as a query running on would have its maintenance done by the next restore
+        // background work (spark_state's snapshot compaction in its worker, which computes for many
+        // seconds before it writes) may still be running: count once neither the directory nor the child
+        // processes' CPU time changed for 3 s (at most 600 s), as a query running on would have its
+        // maintenance done before a later restart
         long[] usage = dirUsage(Paths.get(dir));
-        for (int i = 0, quiet = 0; i < 1440 && quiet < 60; i++) {
+        long cpu = childrenCpuTicks();
+        for (int i = 0, quiet = 0; i < 2400 && quiet < 12; i++) {
             try {
                 Thread.sleep(250);
             } catch (InterruptedException ignored) {
             }
             long[] again = dirUsage(Paths.get(dir));
-            quiet = again[0] == usage[0] && again[1] == usage[1] ? quiet + 1 : 0;
+            long cpuAgain = childrenCpuTicks();
+            quiet = again[0] == usage[0] && again[1] == usage[1] && cpuAgain - cpu <= 2 ? quiet + 1 : 0;
             usage = again;
+            cpu = cpuAgain;
         }
         out.put("version", v);
         out.put("batches", batches);
