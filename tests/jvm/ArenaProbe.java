@@ -94,7 +94,7 @@ public class ArenaProbe {
       return new RowArena(KEY.fields().length, VALUE.fields().length, 0);
     }
     KeyHasher hasher = new KeyHasher(KEY, 1, Integer.getInteger("probe.maxParallelism", 4));
-    return new LayeredMap(KEY.fields().length, VALUE.fields().length, 0, hasher, BUDGET);
+    return new LayeredMap(KEY.fields().length, VALUE.fields().length, 0, hasher, BUDGET, e -> { });
   }
 
   static final MemoryBudget BUDGET = new MemoryBudget(Long.getLong("probe.budget", 1L << 30));

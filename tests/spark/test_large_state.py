@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from spark_state.options import PREFIX
 from tests.support.scenarios import SCENARIOS, run_scenario
 from tests.support.spark import JsonStream, Query, QueryFailed
 from tests.support.stores import open_stored, store_root
@@ -81,15 +80,22 @@ def test_stores_over_their_memory_limit_spill_and_give_hdfs_output(spark, tmp_pa
     assert any(n > 0 for n in image_rows(twin.test)), "no store spilled its rows to a row image"
 
 
-def test_a_vanished_row_image_costs_only_the_laziness(spark, tmp_path):
-    """The snapshot's image deleted under the checkpoint (a disk cleaner): the restore loads the rows."""
+def counts_with_images(spark, tmp_path):
+    """A running count restored every batch, run once and compacted offline with row images: its input
+    stream, the query and the images (paths) the restart will meet."""
     events = JsonStream(tmp_path / "events", "k string, n int")
     query = Query(spark, lambda s: events.read(s).groupBy("k").count(), tmp_path / "ckpt",
                   options=IMAGES, conf=RESTORE_EVERY_BATCH)
     events.add([{"k": k, "n": 1} for k in "aabbbc"])
     query.run()
     assert compact_with_images(query.checkpoint, {0: ["default"]}) > 0
-    for image in (tmp_path / "ckpt" / "state").rglob("*.img"):
+    return events, query, list((tmp_path / "ckpt" / "state").rglob("*.img"))
+
+
+def test_a_vanished_row_image_costs_only_the_laziness(spark, tmp_path):
+    """The snapshot's image deleted under the checkpoint (a disk cleaner): the restore loads the rows."""
+    events, query, images = counts_with_images(spark, tmp_path)
+    for image in images:
         image.unlink()
     events.add([{"k": k, "n": 1} for k in "abd"])
     query.run()
@@ -99,13 +105,8 @@ def test_a_vanished_row_image_costs_only_the_laziness(spark, tmp_path):
 def test_a_corrupt_row_image_fails_no_batch_and_loses_nothing(spark, tmp_path):
     """Every block of the image flipped: opening checks the index, reading a block its CRC; either way
     the store loads the snapshot's rows instead, and the counts carry on exactly."""
-    events = JsonStream(tmp_path / "events", "k string, n int")
-    query = Query(spark, lambda s: events.read(s).groupBy("k").count(), tmp_path / "ckpt",
-                  options=IMAGES, conf=RESTORE_EVERY_BATCH)
-    events.add([{"k": k, "n": 1} for k in "aabbbc"])
-    query.run()
-    assert compact_with_images(query.checkpoint, {0: ["default"]}) > 0
-    for image in (tmp_path / "ckpt" / "state").rglob("*.img"):
+    events, query, images = counts_with_images(spark, tmp_path)
+    for image in images:
         data = bytearray(image.read_bytes())
         for i in range(0, len(data) - 40, 7):
             data[i] ^= 0x5A
@@ -119,13 +120,8 @@ def test_a_damaged_block_found_by_a_lookup_fails_the_batch_clearly_and_the_rerun
     """A block damaged where only its CRC-32 can tell (the index intact, so the image opens): the first
     lookup of a key in it fails the task with an error naming the file; Spark's retry on this executor
     (or a restart of the query) loads the snapshot's rows instead, and nothing is lost."""
-    events = JsonStream(tmp_path / "events", "k string, n int")
-    query = Query(spark, lambda s: events.read(s).groupBy("k").count(), tmp_path / "ckpt",
-                  options=IMAGES, conf=RESTORE_EVERY_BATCH)
-    events.add([{"k": k, "n": 1} for k in "aabbbc"])
-    query.run()
-    assert compact_with_images(query.checkpoint, {0: ["default"]}) > 0
-    for image in (tmp_path / "ckpt" / "state").rglob("*.img"):
+    events, query, images = counts_with_images(spark, tmp_path)
+    for image in images:
         data = bytearray(image.read_bytes())
         data[3] ^= 0xFF   # inside block 0 (blocks start the file; the index and trailer end it)
         image.write_bytes(bytes(data))

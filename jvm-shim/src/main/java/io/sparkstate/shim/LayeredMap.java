@@ -10,6 +10,7 @@ import java.util.Iterator;
 import java.util.List;
 import java.util.NoSuchElementException;
 import java.util.Set;
+import java.util.function.Consumer;
 
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.execution.streaming.state.UnsafeRowPair;
@@ -55,6 +56,7 @@ final class LayeredMap implements StateMap {
   private final int valueFields;
   private final KeyHasher hasher;
   private final MemoryBudget budget;
+  private final Consumer<RowImageException> onDamage;
   private RowArena overlay;
   private RowArena tombstones;
   private RowImage base;
@@ -71,7 +73,13 @@ final class LayeredMap implements StateMap {
   private final List<Scan> scans = new ArrayList<>();
   private long spills;
 
-  LayeredMap(int keyFields, int valueFields, long expectedRows, KeyHasher hasher, MemoryBudget budget) {
+  /**
+   * {@code onDamage}: told of a row image that failed a read (before the exception reaches Spark), so the
+   * provider can load rows instead of images from then on.
+   */
+  LayeredMap(int keyFields, int valueFields, long expectedRows, KeyHasher hasher, MemoryBudget budget,
+      Consumer<RowImageException> onDamage) {
+    this.onDamage = onDamage;
     this.keyFields = keyFields;
     this.valueFields = valueFields;
     this.hasher = hasher;
@@ -164,8 +172,11 @@ final class LayeredMap implements StateMap {
     checkOpen();
     UnsafeRow old = overlay.put(key, value);
     if (old == null) {
-      for (Scan s : scans) {
-        s.added.add(key.copy());
+      if (!scans.isEmpty()) {
+        UnsafeRow copy = key.copy();
+        for (Scan s : scans) {
+          s.added.add(copy);
+        }
       }
       if (base == null || tombstones.remove(key) != null) {
         size++;
@@ -349,6 +360,14 @@ final class LayeredMap implements StateMap {
    * tombstone keys sorted the same way: every block is read once, in file order.
    */
   private long countKeys() {
+    try {
+      return countKeysOnce();
+    } catch (RowImageException e) {
+      throw damaged(e);
+    }
+  }
+
+  private long countKeysOnce() {
     int no = (int) overlay.size();
     int nt = (int) tombstones.size();
     long[] sortKeys = new long[no + nt];
@@ -407,8 +426,19 @@ final class LayeredMap implements StateMap {
 
   private UnsafeRow baseGet(UnsafeRow key) {
     int h = hasher.hash(key);
-    UnsafeRow v = base.get(hasher.keyGroup(h), h, key);
+    UnsafeRow v;
+    try {
+      v = base.get(hasher.keyGroup(h), h, key);
+    } catch (RowImageException e) {
+      throw damaged(e);
+    }
     return v == RowImage.DELETED ? null : v;
+  }
+
+  /** Tells the owner of a damaged image; returns the exception for the caller to throw. */
+  private RowImageException damaged(RowImageException e) {
+    onDamage.accept(e);
+    return e;
   }
 
   private void closeBase() {
@@ -462,6 +492,14 @@ final class LayeredMap implements StateMap {
     }
 
     private UnsafeRowPair advance() {
+      try {
+        return advanceOnce();
+      } catch (RowImageException e) {
+        throw damaged(e);
+      }
+    }
+
+    private UnsafeRowPair advanceOnce() {
       while (upper.hasNext()) {
         UnsafeRowPair p = upper.next();
         if (added.isEmpty() || !added.contains(p.key())) {

@@ -39,10 +39,6 @@ final class MemoryBudget {
     }
   }
 
-  long limit() {
-    return limit;
-  }
-
   BlockCache cache() {
     return cache;
   }

@@ -374,7 +374,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
 
   private LayeredMap newLayeredMap(long expectedRows) {
     return new LayeredMap(keySchema.fields().length, valueSchema.fields().length, expectedRows, hasher,
-        MemoryBudget.EXECUTOR);
+        MemoryBudget.EXECUTOR, this::imageFailed);
   }
 
   /**

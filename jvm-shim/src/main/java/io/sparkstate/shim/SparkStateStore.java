@@ -53,12 +53,7 @@ final class SparkStateStore extends StoreView implements StateStore {
       throw new IllegalArgumentException("spark_state: cannot put a null value");
     }
     checkUpdating("put");
-    try {
-      rows.put(key, value);
-    } catch (RowImageException e) {
-      provider.imageFailed(e);
-      throw e;
-    }
+    rows.put(key, value);
     changes.add(key, value);
   }
 
@@ -66,14 +61,7 @@ final class SparkStateStore extends StoreView implements StateStore {
   public void remove(UnsafeRow key, String colFamilyName) {
     Unsupported.checkColumnFamily(colFamilyName, provider);
     checkUpdating("remove");
-    UnsafeRow old;
-    try {
-      old = rows.remove(key);
-    } catch (RowImageException e) {
-      provider.imageFailed(e);
-      throw e;
-    }
-    if (old != null) {
+    if (rows.remove(key) != null) {
       changes.add(key, null);
     }
   }

@@ -42,12 +42,7 @@ abstract class StoreView implements ReadStateStore {
   @Override
   public UnsafeRow get(UnsafeRow key, String colFamilyName) {
     Unsupported.checkColumnFamily(colFamilyName, provider);
-    try {
-      return rows.get(key);
-    } catch (RowImageException e) {
-      provider.imageFailed(e);
-      throw e;
-    }
+    return rows.get(key);
   }
 
   @Override
@@ -79,28 +74,7 @@ abstract class StoreView implements ReadStateStore {
     return CollectionConverters.asScala(Collections.singleton(StateStore.DEFAULT_COL_FAMILY_NAME())).toSet();
   }
 
-  private StateStoreIterator<UnsafeRowPair> wrap(Iterator<UnsafeRowPair> it) {
-    Iterator<UnsafeRowPair> watched = new Iterator<UnsafeRowPair>() {
-      @Override
-      public boolean hasNext() {
-        try {
-          return it.hasNext();
-        } catch (RowImageException e) {
-          provider.imageFailed(e);
-          throw e;
-        }
-      }
-
-      @Override
-      public UnsafeRowPair next() {
-        try {
-          return it.next();
-        } catch (RowImageException e) {
-          provider.imageFailed(e);
-          throw e;
-        }
-      }
-    };
-    return new StateStoreIterator<>(CollectionConverters.asScala(watched), () -> BoxedUnit.UNIT);
+  private static StateStoreIterator<UnsafeRowPair> wrap(Iterator<UnsafeRowPair> it) {
+    return new StateStoreIterator<>(CollectionConverters.asScala(it), () -> BoxedUnit.UNIT);
   }
 }
