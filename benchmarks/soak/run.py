@@ -1,0 +1,241 @@
+"""One soak run: the world up, input flowing, four queries running, faults firing; then the end checks.
+
+Everything it learns is appended to files in ``out`` as it goes (``samples.jsonl``, ``progress.jsonl``,
+``faults.jsonl``, and the proxy's own log), and ``summary.json`` holds the end checks, so
+``python -m benchmarks.soak --report-only`` rebuilds the report from a run that died near its end.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.soak import checks
+from benchmarks.soak.cluster import BUCKET, STATE_ROOT, World
+from benchmarks.soak.faults import KINDS, Event, Injector, Schedule
+from benchmarks.soak.inputs import STREAMS, InputWriter, Shape
+from benchmarks.soak.model import Model
+from benchmarks.soak.queries import NAMES, SoakQuery, wait_for
+from benchmarks.soak.samples import Sampler
+from tests.cluster.faults import POINTS
+from tests.cluster.running_totals import brief
+
+#: Which source of a query reads which stream (the join reads two).
+SOURCES = {"agg": ("events",), "sessions": ("events",), "dedup": ("events",), "join": ("left", "right")}
+
+
+@dataclass
+class Settings:
+    minutes: float
+    out: Path
+    workdir: Path
+    seed: int = 1
+    tick_s: float = 2.0           # one input file per stream every tick
+    mean_gap_s: float = 25.0      # mean time between faults
+    base_rate: float = 0.02       # S3 requests failed or stalled by the proxy outside bursts
+    grace_s: float = 30.0         # fileGracePeriod
+    orphan_slack_s: float = 30.0  # past the grace period: a few maintenance runs (every 5 s)
+    trigger: str = "2 seconds"
+    max_files: int = 10
+    shape: Shape = Shape()
+    sample_s: float = 5.0
+
+
+class Producer(threading.Thread):
+    """Writes one tick of input every ``tick_s`` seconds until stopped."""
+
+    def __init__(self, inputs: InputWriter, tick_s: float):
+        super().__init__(name="soak-input", daemon=True)
+        self.inputs, self.tick_s = inputs, tick_s
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.wait(self.tick_s):
+            self.inputs.write_tick()
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(30)
+
+
+def _log(out: Path, message: str) -> None:
+    line = f"{time.strftime('%H:%M:%S')} {message}"
+    print(line, flush=True)
+    with open(out / "soak.log", "a") as f:
+        f.write(line + "\n")
+
+
+def run(cfg: Settings) -> dict:
+    out = cfg.out
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("samples.jsonl", "progress.jsonl", "faults.jsonl", "soak.log", "summary.json"):
+        (out / name).unlink(missing_ok=True)
+    options = {"storage": "filesystem", "checkpoint_root": STATE_ROOT, "snapshot_interval": 4,
+               "file_grace_period": f"{cfg.grace_s:g}s"}
+    world = World(cfg.workdir, seed=cfg.seed, options=options)
+    world.tool_options = {"checkpointRoot": STATE_ROOT, "fileGracePeriod": f"{cfg.grace_s:g}s"}
+    world.savepoints = f"s3://{BUCKET}/savepoints"
+    started = time.time()
+    summary: dict = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()
+                                  if k != "shape"} | {"shape": cfg.shape.__dict__}, "started": started}
+    try:
+        world.start_storage()
+        world.start_spark()
+        _log(out, f"world up in {time.time() - started:.0f}s: S3 {world.moto_url} behind {world.env['AWS_ENDPOINT_URL']}")
+        summary.update(_soak(cfg, world, out))
+    finally:
+        world.stop()
+    summary["ended"] = time.time()
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    return summary
+
+
+def _soak(cfg: Settings, world: World, out: Path) -> dict:
+    markers = cfg.workdir / "markers"
+    markers.mkdir(parents=True, exist_ok=True)
+    inputs = InputWriter(cfg.workdir / "input", cfg.seed, cfg.shape)
+    for _ in range(3):
+        inputs.write_tick()
+    queries = {n: SoakQuery(n, world.spark, inputs, cfg.workdir, trigger=cfg.trigger, max_files=cfg.max_files,
+                            markers=markers) for n in NAMES}
+    for q in queries.values():
+        q.start()
+    producer = Producer(inputs, cfg.tick_s)
+    producer.start()
+    sampler = Sampler(world, queries, out, cfg.sample_s).start()
+    schedule = Schedule(cfg.seed, cfg.mean_gap_s)
+    injector = Injector(world, queries, schedule, markers, cfg.base_rate, out / "faults.jsonl")
+    world.proxy.set(cfg.base_rate)
+    soak_started = time.time()
+    end = soak_started + cfg.minutes * 60
+    next_fault = soak_started + schedule.gap()
+    pending: list[Event] = []
+    recoveries: list[dict] = []
+    while time.time() < end:
+        injector.tick()
+        _restart_failed(queries, injector, out)
+        now = time.time()
+        for event in list(pending):
+            if all(q.last_batch_at > event.t + event.took_s for q in queries.values()):
+                event.recovered_s = round(max(q.last_batch_at for q in queries.values()) - event.t, 1)
+                recoveries.append({"t": event.t, "kind": event.kind, "recovered_s": event.recovered_s})
+                with open(out / "recoveries.jsonl", "a") as f:
+                    f.write(json.dumps(recoveries[-1]) + "\n")
+                pending.remove(event)
+        if now >= next_fault:
+            kind = schedule.next_kind()
+            event = injector.fire(kind)
+            _log(out, f"fault {kind}: {event.detail} ({'ok' if event.ok else 'not performed'}, {event.took_s}s)")
+            if event.ok:
+                pending.append(event)
+            next_fault = time.time() + schedule.gap()
+        time.sleep(0.5)
+    soak_s = time.time() - soak_started
+    _log(out, f"soak over after {soak_s / 60:.1f} min; input stops at tick {inputs.ticks}, faults stop")
+    producer.stop()
+    injector.quiet()
+    ticks = inputs.ticks
+    _catch_up(queries, injector, out, ticks)
+    _log(out, "every query read every input file; waiting out the grace period for retention")
+    time.sleep(cfg.grace_s + cfg.orphan_slack_s + 10)
+    results = _end_checks(cfg, world, queries, ticks, out)
+    sampler.stop()
+    for q in queries.values():
+        q.stop()
+    results.update(soak_s=soak_s, ticks=ticks, faults=[e.__dict__ for e in injector.events],
+                   unrecovered=[e.__dict__ for e in pending], recoveries=recoveries,
+                   fault_points_fired={p: len(world.faults.fired(p)) for p in POINTS},
+                   task_reattempts=sorted(p.name for p in (markers / "attempts").iterdir()),
+                   task_failures_claimed=sorted(p.name for p in markers.glob("fail.taken-*")),
+                   proxy=world.proxy.totals(), sampler_error=sampler.error,
+                   input_rows={s: ticks_rows(cfg, s, ticks) for s in STREAMS})
+    return results
+
+
+def ticks_rows(cfg: Settings, stream: str, ticks: int) -> int:
+    from benchmarks.soak.inputs import rows_of
+
+    return sum(len(rows_of(stream, cfg.seed, t, cfg.shape)) for t in range(ticks))
+
+
+def _restart_failed(queries: dict, injector: Injector, out: Path) -> None:
+    """A query that stopped with an error is started again from its checkpoint (a recovery, logged)."""
+    for name, q in queries.items():
+        message = q.failed()
+        if message is None:
+            continue
+        event = Event(time.time(), "query-failed", f"{name}: {brief(message, 3)}")
+        q.start()
+        injector.record(event)
+        _log(out, f"query {name} failed and was restarted: {event.detail}")
+
+
+def _caught_up(q: SoakQuery, ticks: int) -> bool:
+    wanted = {f"part-{t:07d}.json" for t in range(ticks)}
+    for i, _ in enumerate(SOURCES[q.name]):
+        read = set()
+        for ckpt in q.checkpoints:
+            read |= checks.source_files(ckpt, i)
+        if not wanted <= read:
+            return False
+    from spark_state.spark.checkpoint import SparkCheckpoint
+
+    ckpt = SparkCheckpoint(str(q.checkpoint))
+    return ckpt.last_batch == ckpt.last_committed
+
+
+def _catch_up(queries: dict, injector: Injector, out: Path, ticks: int, timeout: float = 1800) -> None:
+    """Waits until every query read every input file and committed its last batch (restarting failed ones),
+    then for two quiet triggers (a last batch for the watermark may follow the last data)."""
+    def done() -> bool:
+        _restart_failed(queries, injector, out)
+        return all(_caught_up(q, ticks) for q in queries.values())
+
+    wait_for(done, timeout, "every query reading all input")
+    time.sleep(10)
+    wait_for(done, timeout, "every query committing its last batch")
+
+
+def _end_checks(cfg: Settings, world: World, queries: dict, ticks: int, out: Path) -> dict:
+    model = Model(cfg.seed, cfg.shape, ticks)
+    options = world.tool_options
+    results: dict = {"checks": {}, "queries": {}}
+    problems: dict[str, list[str]] = {}
+    for name, q in queries.items():
+        orphans, orphan_problems = checks.check_orphans(world, q.checkpoint, options, cfg.grace_s, cfg.orphan_slack_s)
+        problems[f"{name}: orphans"] = orphan_problems
+        results["queries"][name] = {"orphans": orphans}
+    for q in queries.values():
+        q.stop()
+    for name, q in queries.items():
+        wm = checks.final_watermark(q.checkpoint)
+        outputs = q.outputs.batches()
+        loaded, load_problems = checks.check_versions_load(q.checkpoint, options)
+        report, validate_problems = checks.check_validate(q.checkpoint, options)
+        problems[f"{name}: output"] = checks.check_output(name, outputs, model, wm)
+        problems[f"{name}: state"] = checks.check_state(name, q.checkpoint, options, model, wm)
+        problems[f"{name}: versions load"] = load_problems
+        problems[f"{name}: validate"] = validate_problems
+        results["queries"][name].update(
+            batches=len(outputs), rows_out=sum(len(r) for r in outputs.values()), versions_loaded=loaded,
+            validated_files=report.get("files"), validated_bytes=report.get("bytes"), watermark_ms=wm,
+            checkpoints=[c.name for c in q.checkpoints], failures=len(q.failures))
+        _log(out, f"{name}: {len(outputs)} batches, {loaded} versions loaded, "
+                  f"{sum(len(v) for k, v in problems.items() if k.startswith(name + ':'))} problem(s)")
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines() if line]
+    results["memory"], problems["memory"] = checks.check_memory(samples)
+    results["problems"] = {k: v for k, v in problems.items() if v}
+    results["passed"] = not results["problems"]
+    return results
+
+
+def cleanup(workdir: Path) -> None:
+    """Removes the run's working directory (input, checkpoints, logs), which the caller created."""
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+__all__ = ["KINDS", "Settings", "run", "cleanup"]
