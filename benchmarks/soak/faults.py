@@ -77,10 +77,11 @@ class Schedule:
 class Injector:
     """Performs faults on the running soak (``world``: cluster.World, ``queries``: name -> SoakQuery)."""
 
-    def __init__(self, world, queries: dict, schedule: Schedule, markers: Path, base_rate: float, log_path: Path):
+    def __init__(self, world, queries: dict, schedule: Schedule, markers: Path, base_rate: float, log_path: Path,
+                 burst_s: float = BURST_S):
         self.world, self.queries, self.schedule = world, queries, schedule
         self.markers, self.base_rate = markers, base_rate
-        self.log_path = log_path
+        self.log_path, self.burst_s = log_path, burst_s
         self.events: list[Event] = []
         self.burst_until = 0.0
         self.partitions = {name: 2 for name in queries}
@@ -174,8 +175,8 @@ class Injector:
 
     def _s3_burst(self) -> str:
         self.world.proxy.set(BURST_RATE)
-        self.burst_until = time.time() + BURST_S
-        return f"{BURST_RATE:.0%} of S3 requests fail or stall for {BURST_S}s"
+        self.burst_until = time.time() + self.burst_s
+        return f"{BURST_RATE:.0%} of S3 requests fail or stall for {self.burst_s:g}s"
 
     # ----------------------------------------------------------------- queries
 

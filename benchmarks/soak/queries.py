@@ -156,12 +156,12 @@ class SoakQuery:
         self.outputs.write(batch_id, [tuple(r) for r in batch.collect()])
         self.last_batch_at = time.time()
 
-    def _start(self, available_now: bool = False):
+    def _start(self, once: bool = False):
         df = build(self.name, self.spark, self.inputs, self.max_files)
         df = df.mapInPandas(functools.partial(after_commit, self.cfg), OUTPUT[self.name])
         writer = (df.writeStream.outputMode(MODES[self.name]).queryName(f"soak-{self.name}")
                   .option("checkpointLocation", str(self.checkpoint)).foreachBatch(self._sink))
-        writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=self.trigger)
+        writer = writer.trigger(once=True) if once else writer.trigger(processingTime=self.trigger)
         return writer.start()
 
     def start(self) -> None:
@@ -176,14 +176,19 @@ class SoakQuery:
                 self.handle = None
 
     def stop_cleanly(self, timeout: float = 600) -> None:
-        """Stops the query with its last batch committed (what rescale and savepoint need): stops it, then
-        runs it once more with ``availableNow`` to finish an interrupted batch and whatever input is there."""
+        """Stops the query with its last batch committed (what rescale and savepoint need): stops it, and if that
+        interrupted a batch, runs the query once more with a one-batch trigger, which finishes that batch."""
+        from spark_state.spark.checkpoint import SparkCheckpoint
+
         self.stop()
+        ckpt = SparkCheckpoint(str(self.checkpoint))
+        if ckpt.last_batch == ckpt.last_committed:
+            return
         with self._lock:
-            run = self._start(available_now=True)
+            run = self._start(once=True)
             try:
                 if not run.awaitTermination(timeout):
-                    raise TimeoutError(f"{self.name}: the availableNow run did not end within {timeout}s")
+                    raise TimeoutError(f"{self.name}: finishing batch {ckpt.last_batch} took over {timeout}s")
             finally:
                 run.stop()
 

@@ -33,9 +33,11 @@ def _progress_t(p: dict) -> float | None:
 
 def load(out: Path) -> dict:
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
-    return {"summary": summary, "samples": _lines(out / "samples.jsonl"), "progress": _lines(out / "progress.jsonl"),
+    samples = _lines(out / "samples.jsonl")
+    proxy = summary.get("proxy") or (samples[-1].get("proxy") if samples else None) or {}
+    return {"summary": summary, "samples": samples, "progress": _lines(out / "progress.jsonl"),
             "faults": _lines(out / "faults.jsonl"), "recoveries": _lines(out / "recoveries.jsonl"),
-            "proxy_faults": Counter(f["kind"] for f in _lines(out / "proxy-faults.jsonl"))}
+            "proxy": proxy, "proxy_faults": Counter(proxy.get("faults") or {})}
 
 
 def write_report(out: Path) -> None:
@@ -78,7 +80,7 @@ def markdown(data: dict) -> str:
         f"| queries failed and restarted from their checkpoint | {sum(1 for f in faults if f['kind'] == 'query-failed')} |",
         f"| task re-attempts (retries and speculative copies) | {len(s.get('task_reattempts', []))} |",
         f"| S3 requests through the proxy / failed, stalled, slowed or dropped | "
-        f"{s.get('proxy', {}).get('requests', '?')} / {sum(data['proxy_faults'].values())} |",
+        f"{data['proxy'].get('requests', '?')} / {sum(data['proxy_faults'].values())} |",
         f"| retained versions loaded at the end | {sum(q.get('versions_loaded', 0) for q in queries.values())} |",
         f"| files checked by `spark-state validate` | {sum(q.get('validated_files') or 0 for q in queries.values())} |",
         f"| orphan files beyond the grace period | {sum(q.get('orphans', 0) for q in queries.values())} |",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 import threading
 import time
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from benchmarks.soak import checks
 from benchmarks.soak.cluster import BUCKET, STATE_ROOT, World
-from benchmarks.soak.faults import KINDS, Event, Injector, Schedule
+from benchmarks.soak.faults import BURST_S, KINDS, Event, Injector, Schedule
 from benchmarks.soak.inputs import STREAMS, InputWriter, Shape
 from benchmarks.soak.model import Model
 from benchmarks.soak.queries import NAMES, SoakQuery, wait_for
@@ -43,6 +44,7 @@ class Settings:
     max_files: int = 10
     shape: Shape = Shape()
     sample_s: float = 5.0
+    every_kind: bool = False      # go on past ``minutes`` until every kind of fault was performed once
 
 
 class Producer(threading.Thread):
@@ -108,25 +110,25 @@ def _soak(cfg: Settings, world: World, out: Path) -> dict:
     producer.start()
     sampler = Sampler(world, queries, out, cfg.sample_s).start()
     schedule = Schedule(cfg.seed, cfg.mean_gap_s)
-    injector = Injector(world, queries, schedule, markers, cfg.base_rate, out / "faults.jsonl")
+    injector = Injector(world, queries, schedule, markers, cfg.base_rate, out / "faults.jsonl",
+                        burst_s=min(BURST_S, 4 * cfg.mean_gap_s))
     world.proxy.set(cfg.base_rate)
     soak_started = time.time()
     end = soak_started + cfg.minutes * 60
     next_fault = soak_started + schedule.gap()
     pending: list[Event] = []
     recoveries: list[dict] = []
-    while time.time() < end:
+    def going() -> bool:
+        if time.time() < end:
+            return True
+        return cfg.every_kind and time.time() < end + 600 and \
+            not set(KINDS) <= {e.kind for e in injector.events if e.ok}
+
+    while going():
         injector.tick()
         _restart_failed(queries, injector, out)
-        now = time.time()
-        for event in list(pending):
-            if all(q.last_batch_at > event.t + event.took_s for q in queries.values()):
-                event.recovered_s = round(max(q.last_batch_at for q in queries.values()) - event.t, 1)
-                recoveries.append({"t": event.t, "kind": event.kind, "recovered_s": event.recovered_s})
-                with open(out / "recoveries.jsonl", "a") as f:
-                    f.write(json.dumps(recoveries[-1]) + "\n")
-                pending.remove(event)
-        if now >= next_fault:
+        _note_recoveries(pending, recoveries, queries, out)
+        if time.time() >= next_fault:
             kind = schedule.next_kind()
             event = injector.fire(kind)
             _log(out, f"fault {kind}: {event.detail} ({'ok' if event.ok else 'not performed'}, {event.took_s}s)")
@@ -140,8 +142,9 @@ def _soak(cfg: Settings, world: World, out: Path) -> dict:
     injector.quiet()
     ticks = inputs.ticks
     _catch_up(queries, injector, out, ticks)
+    _note_recoveries(pending, recoveries, queries, out)
     _log(out, "every query read every input file; waiting out the grace period for retention")
-    time.sleep(cfg.grace_s + cfg.orphan_slack_s + 10)
+    time.sleep(cfg.grace_s + cfg.orphan_slack_s + 5)
     results = _end_checks(cfg, world, queries, ticks, out)
     sampler.stop()
     for q in queries.values():
@@ -154,6 +157,17 @@ def _soak(cfg: Settings, world: World, out: Path) -> dict:
                    proxy=world.proxy.totals(), sampler_error=sampler.error,
                    input_rows={s: ticks_rows(cfg, s, ticks) for s in STREAMS})
     return results
+
+
+def _note_recoveries(pending: list[Event], recoveries: list[dict], queries: dict, out: Path) -> None:
+    """A fault is recovered from once every query committed a batch after it (and after its own end)."""
+    for event in list(pending):
+        if all(q.last_batch_at > event.t + event.took_s for q in queries.values()):
+            event.recovered_s = round(max(q.last_batch_at for q in queries.values()) - event.t, 1)
+            recoveries.append({"t": event.t, "kind": event.kind, "recovered_s": event.recovered_s})
+            with open(out / "recoveries.jsonl", "a") as f:
+                f.write(json.dumps(recoveries[-1]) + "\n")
+            pending.remove(event)
 
 
 def ticks_rows(cfg: Settings, stream: str, ticks: int) -> int:
@@ -196,7 +210,7 @@ def _catch_up(queries: dict, injector: Injector, out: Path, ticks: int, timeout:
         return all(_caught_up(q, ticks) for q in queries.values())
 
     wait_for(done, timeout, "every query reading all input")
-    time.sleep(10)
+    time.sleep(5)
     wait_for(done, timeout, "every query committing its last batch")
 
 
@@ -205,27 +219,34 @@ def _end_checks(cfg: Settings, world: World, queries: dict, ticks: int, out: Pat
     options = world.tool_options
     results: dict = {"checks": {}, "queries": {}}
     problems: dict[str, list[str]] = {}
-    for name, q in queries.items():
-        orphans, orphan_problems = checks.check_orphans(world, q.checkpoint, options, cfg.grace_s, cfg.orphan_slack_s)
-        problems[f"{name}: orphans"] = orphan_problems
-        results["queries"][name] = {"orphans": orphans}
+    with ThreadPoolExecutor(len(queries)) as pool:   # while the queries run: maintenance is what collects
+        found = pool.map(lambda q: checks.check_orphans(world, q.checkpoint, options, cfg.grace_s,
+                                                        cfg.orphan_slack_s), queries.values())
+        for name, (orphans, orphan_problems) in zip(queries, found):
+            problems[f"{name}: orphans"] = orphan_problems
+            results["queries"][name] = {"orphans": orphans}
     for q in queries.values():
         q.stop()
-    for name, q in queries.items():
+    def check(name: str) -> tuple[str, dict, dict]:
+        q = queries[name]
         wm = checks.final_watermark(q.checkpoint)
         outputs = q.outputs.batches()
         loaded, load_problems = checks.check_versions_load(q.checkpoint, options)
         report, validate_problems = checks.check_validate(q.checkpoint, options)
-        problems[f"{name}: output"] = checks.check_output(name, outputs, model, wm)
-        problems[f"{name}: state"] = checks.check_state(name, q.checkpoint, options, model, wm)
-        problems[f"{name}: versions load"] = load_problems
-        problems[f"{name}: validate"] = validate_problems
-        results["queries"][name].update(
-            batches=len(outputs), rows_out=sum(len(r) for r in outputs.values()), versions_loaded=loaded,
-            validated_files=report.get("files"), validated_bytes=report.get("bytes"), watermark_ms=wm,
-            checkpoints=[c.name for c in q.checkpoints], failures=len(q.failures))
-        _log(out, f"{name}: {len(outputs)} batches, {loaded} versions loaded, "
-                  f"{sum(len(v) for k, v in problems.items() if k.startswith(name + ':'))} problem(s)")
+        found = {f"{name}: output": checks.check_output(name, outputs, model, wm),
+                 f"{name}: state": checks.check_state(name, q.checkpoint, options, model, wm),
+                 f"{name}: versions load": load_problems, f"{name}: validate": validate_problems}
+        figures = dict(batches=len(outputs), rows_out=sum(len(r) for r in outputs.values()), versions_loaded=loaded,
+                       validated_files=report.get("files"), validated_bytes=report.get("bytes"), watermark_ms=wm,
+                       checkpoints=[c.name for c in q.checkpoints], failures=len(q.failures))
+        return name, found, figures
+
+    with ThreadPoolExecutor(len(queries)) as pool:   # storage round trips, no Spark: the queries are stopped
+        for name, found, figures in pool.map(check, queries):
+            problems.update(found)
+            results["queries"][name].update(figures)
+            _log(out, f"{name}: {figures['batches']} batches, {figures['versions_loaded']} versions loaded, "
+                      f"{sum(len(v) for v in found.values())} problem(s)")
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines() if line]
     results["memory"], problems["memory"] = checks.check_memory(samples)
     results["problems"] = {k: v for k, v in problems.items() if v}
