@@ -62,7 +62,8 @@ def markdown(data: dict) -> str:
         "# Chaos soak: two executors, state on S3 behind a fault-injecting proxy",
         "",
         f"`python -m benchmarks.soak --minutes {settings.get('minutes', '?')} --seed {settings.get('seed', '?')}` "
-        f"(`make soak MINUTES={settings.get('minutes', '?')}`); machine: 2 cores shared, run under `nice -n 19`. "
+        f"(`make soak MINUTES={settings.get('minutes', '?')}`) at git `{s.get('git', '?')}`, "
+        f"{_when(s.get('started'))}, on the 2-core machine shared with other work (niceness {s.get('niceness', '?')}). "
         f"Result: **{'PASSED' if s.get('passed') else 'FAILED' if s else 'INCOMPLETE (no end checks recorded)'}**.",
         "",
         "| figure | value |",
@@ -115,6 +116,10 @@ def markdown(data: dict) -> str:
         lines += ["", "## Problems", ""] + [f"- {k}: {p}" for k, v in problems.items() for p in v]
     lines += ["", "Raw samples: `results.json`; over time: `soak.png`.", ""]
     return "\n".join(lines)
+
+
+def _when(t: float | None) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if t else "?"
 
 
 def _pct(values: list[float]) -> str:

@@ -8,7 +8,9 @@ Everything it learns is appended to files in ``out`` as it goes (``samples.jsonl
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 import threading
 import time
@@ -83,7 +85,8 @@ def run(cfg: Settings) -> dict:
     world.savepoints = f"s3://{BUCKET}/savepoints"
     started = time.time()
     summary: dict = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()
-                                  if k != "shape"} | {"shape": cfg.shape.__dict__}, "started": started}
+                                  if k != "shape"} | {"shape": cfg.shape.__dict__}, "started": started,
+                     "niceness": os.nice(0), "git": _git_head()}
     try:
         world.start_storage()
         world.start_spark()
@@ -220,8 +223,9 @@ def _end_checks(cfg: Settings, world: World, queries: dict, ticks: int, out: Pat
     results: dict = {"checks": {}, "queries": {}}
     problems: dict[str, list[str]] = {}
     with ThreadPoolExecutor(len(queries)) as pool:   # while the queries run: maintenance is what collects
-        found = pool.map(lambda q: checks.check_orphans(world, q.checkpoint, options, cfg.grace_s,
-                                                        cfg.orphan_slack_s), queries.values())
+        found = pool.map(lambda q: _guarded(lambda: checks.check_orphans(world, q.checkpoint, options, cfg.grace_s,
+                                                                         cfg.orphan_slack_s), (0, [])),
+                         queries.values())
         for name, (orphans, orphan_problems) in zip(queries, found):
             problems[f"{name}: orphans"] = orphan_problems
             results["queries"][name] = {"orphans": orphans}
@@ -231,18 +235,25 @@ def _end_checks(cfg: Settings, world: World, queries: dict, ticks: int, out: Pat
         q = queries[name]
         wm = checks.final_watermark(q.checkpoint)
         outputs = q.outputs.batches()
-        loaded, load_problems = checks.check_versions_load(q.checkpoint, options)
-        report, validate_problems = checks.check_validate(q.checkpoint, options)
-        found = {f"{name}: output": checks.check_output(name, outputs, model, wm),
-                 f"{name}: state": checks.check_state(name, q.checkpoint, options, model, wm),
+        loaded, load_problems = _guarded(lambda: checks.check_versions_load(q.checkpoint, options), (0, []))
+        report, validate_problems = _guarded(lambda: checks.check_validate(q.checkpoint, options), ({}, []))
+        found = {f"{name}: output": _guarded(lambda: checks.check_output(name, outputs, model, wm)),
+                 f"{name}: state": _guarded(lambda: checks.check_state(name, q.checkpoint, options, model, wm)),
                  f"{name}: versions load": load_problems, f"{name}: validate": validate_problems}
         figures = dict(batches=len(outputs), rows_out=sum(len(r) for r in outputs.values()), versions_loaded=loaded,
                        validated_files=report.get("files"), validated_bytes=report.get("bytes"), watermark_ms=wm,
                        checkpoints=[c.name for c in q.checkpoints], failures=len(q.failures))
         return name, found, figures
 
+    def check_guarded(name: str) -> tuple[str, dict, dict]:
+        try:
+            return check(name)
+        except Exception as err:  # noqa: BLE001 - reported as a problem
+            return name, {f"{name}: checks": [f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"]}, \
+                {"batches": 0, "versions_loaded": 0}
+
     with ThreadPoolExecutor(len(queries)) as pool:   # storage round trips, no Spark: the queries are stopped
-        for name, found, figures in pool.map(check, queries):
+        for name, found, figures in pool.map(check_guarded, queries):
             problems.update(found)
             results["queries"][name].update(figures)
             _log(out, f"{name}: {figures['batches']} batches, {figures['versions_loaded']} versions loaded, "
@@ -252,6 +263,23 @@ def _end_checks(cfg: Settings, world: World, queries: dict, ticks: int, out: Pat
     results["problems"] = {k: v for k, v in problems.items() if v}
     results["passed"] = not results["problems"]
     return results
+
+
+def _guarded(check, empty=()):
+    """A check that raised is a problem of its own (named), never the end of the run's other checks."""
+    try:
+        return check()
+    except Exception as err:  # noqa: BLE001 - reported as a problem
+        problem = [f"the check itself failed: {type(err).__name__}: {str(err).splitlines()[0][:300]}"]
+        if isinstance(empty, tuple) and len(empty) == 2:
+            return empty[0], problem
+        return problem
+
+
+def _git_head() -> str:
+    run = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                         cwd=Path(__file__).parent)
+    return run.stdout.strip() or "?"
 
 
 def cleanup(workdir: Path) -> None:
