@@ -190,12 +190,12 @@ def check_validate(checkpoint: Path, options: dict) -> tuple[dict, list[str]]:
     return report, _limit(problems, "validate problems")
 
 
-def check_orphans(world, checkpoint: Path, options: dict, grace_s: float, slack_s: float = 60) -> tuple[int, list[str]]:
-    """Data files of the checkpoint's active stores that nothing names, that retention may delete (written for
-    a version below the store's oldest retained one) and that are older than the grace period (plus slack)."""
+def unreferenced(world, checkpoint: Path, options: dict) -> set[str]:
+    """Data files of the checkpoint's active stores that retention may delete now: nothing names them (no
+    retained manifest or compaction record of any store of the checkpoint, rescaled slices included) and they
+    were written for a version below their store's oldest retained one. As ``<store id>: <path>``."""
     ckpt = SparkCheckpoint(str(checkpoint), _settings(options))
-    last = ckpt.last_committed
-    active = set(ckpt.stores(last))
+    active = set(ckpt.stores(ckpt.last_committed))
     every = {sid for n in {ckpt.num_partitions(b) for b in ckpt.offset_batches} for sid in _sids(ckpt, n)} | active
     named: set[tuple[str, str]] = set()
     oldest: dict = {}
@@ -209,26 +209,30 @@ def check_orphans(world, checkpoint: Path, options: dict, grace_s: float, slack_
             try:
                 manifest: Manifest = ckpt.manifest(sid, v)
             except SparkStateError:
-                continue
+                continue   # dropped by retention meanwhile: the second look decides
             for entry in manifest.files:
                 holder = root if entry.partition is None else ckpt.store_root(_with_partition(sid, entry.partition))
                 named.update((holder, p) for p in entry.paths)
             data = store.storage.read_record(v, "_snapshot")
             if data:
                 named.update((root, p) for p in CompactionRecord.from_json(data, "record").snapshot.paths)
-    now = time.time()
-    orphans = []
+    out = set()
     for sid in active:
         root = ckpt.store_root(sid)
         prefix = root.split(f"s3://{_bucket(root)}/", 1)[-1].rstrip("/") + "/shared/"
         for obj in world.objects(prefix):
             path = "shared/" + obj["Key"][len(prefix):]
             version = file_version(path)
-            age = now - obj["LastModified"].timestamp()
-            if (root, path) in named or version is None or version >= oldest.get(sid, 0) or age < grace_s + slack_s:
-                continue
-            orphans.append(f"{sid}: {path} unreferenced for up to {age:.0f}s (grace {grace_s:.0f}s)")
-    return len(orphans), _limit(sorted(orphans), "orphans")
+            if (root, path) not in named and version is not None and version < oldest.get(sid, 0):
+                out.add(f"{sid}: {path}")
+    return out
+
+
+def orphans(first: set[str], second: set[str], waited_s: float, grace_s: float) -> tuple[int, list[str]]:
+    """Files retention may delete at both looks, ``waited_s`` (more than the grace period) apart: orphans."""
+    left = sorted(first & second)
+    return len(left), _limit([f"{f} unreferenced for over {waited_s:.0f}s (grace {grace_s:.0f}s)" for f in left],
+                             "orphans")
 
 
 def _sids(ckpt: SparkCheckpoint, partitions: int):

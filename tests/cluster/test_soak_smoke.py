@@ -21,7 +21,7 @@ MINUTES, FAULT_EVERY_S, SEED = 0.5, 1.5, 7
 def test_soak_smoke_loses_nothing_under_every_kind_of_fault(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
     run = subprocess.run([sys.executable, "-m", "benchmarks.soak", "--minutes", str(MINUTES), "--fault-every",
-                          str(FAULT_EVERY_S), "--seed", str(SEED), "--grace", "12", "--orphan-slack", "8", "--every-kind",
+                          str(FAULT_EVERY_S), "--seed", str(SEED), "--grace", "30", "--orphan-slack", "10", "--every-kind",
                           "--out", str(out), "--workdir", str(work), "--keep"],
                          cwd=ROOT, env={**_env(), "PYTHONPATH": pythonpath_with_root()},
                          capture_output=True, text=True, timeout=900)
