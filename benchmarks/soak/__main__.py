@@ -24,6 +24,7 @@ def main(argv=None) -> int:
                     help="seconds past the grace period an unreferenced file may still live (default 30)")
     ap.add_argument("--every-kind", action="store_true",
                     help="go on past --minutes until every kind of fault was performed at least once")
+    ap.add_argument("--first", default="", help="comma-separated fault kinds the schedule starts with")
     ap.add_argument("--report-only", action="store_true", help="rebuild the report from what --out recorded")
     ap.add_argument("--keep", action="store_true", help="keep the working directory")
     args = ap.parse_args(argv)
@@ -33,7 +34,7 @@ def main(argv=None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="soak-", dir=os.environ.get("TMPDIR")))
     cfg = Settings(minutes=args.minutes, out=args.out, workdir=workdir, seed=args.seed, mean_gap_s=args.fault_every,
                    grace_s=args.grace, orphan_slack_s=args.orphan_slack,
-                   every_kind=args.every_kind)
+                   every_kind=args.every_kind, first_kinds=tuple(k for k in args.first.split(",") if k))
     summary = run(cfg)
     write_report(args.out)
     print(f"report: {args.out / 'results.md'}; working directory {workdir}", file=sys.stderr)

@@ -56,10 +56,18 @@ class Schedule:
     mean_gap_s: float
     kinds: tuple[str, ...] = KINDS
     _rng: random.Random = field(init=False)
+    #: kinds the first round starts with, in this order (the smoke puts the slow ones first, before a backlog)
+    first: tuple[str, ...] = ()
     _round: list[str] = field(default_factory=list)
 
     def __post_init__(self):
         self._rng = random.Random(f"{self.seed}-faults")
+        unknown = set(self.first) - set(self.kinds)
+        if unknown:
+            raise ValueError(f"unknown fault kind(s) {sorted(unknown)}; kinds are {', '.join(self.kinds)}")
+        rest = [k for k in self.kinds if k not in self.first]
+        self._rng.shuffle(rest)
+        self._round = rest + list(reversed(self.first))   # popped from the end
 
     def gap(self) -> float:
         return min(self._rng.expovariate(1 / self.mean_gap_s), 3 * self.mean_gap_s)

@@ -47,6 +47,7 @@ class Settings:
     shape: Shape = Shape()
     sample_s: float = 5.0
     every_kind: bool = False      # go on past ``minutes`` until every kind of fault was performed once
+    first_kinds: tuple[str, ...] = ()   # the kinds the schedule starts with
 
 
 class Producer(threading.Thread):
@@ -112,7 +113,7 @@ def _soak(cfg: Settings, world: World, out: Path) -> dict:
     producer = Producer(inputs, cfg.tick_s)
     producer.start()
     sampler = Sampler(world, queries, out, cfg.sample_s).start()
-    schedule = Schedule(cfg.seed, cfg.mean_gap_s)
+    schedule = Schedule(cfg.seed, cfg.mean_gap_s, first=cfg.first_kinds)
     injector = Injector(world, queries, schedule, markers, cfg.base_rate, out / "faults.jsonl",
                         burst_s=min(BURST_S, 4 * cfg.mean_gap_s))
     world.proxy.set(cfg.base_rate)
