@@ -19,6 +19,7 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", type=Path, help="input, checkpoints, logs (default: a new temporary directory)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--fault-every", type=float, default=25.0, help="mean seconds between faults (default 25)")
+    ap.add_argument("--tick", type=float, default=4.0, help="seconds between ticks of input (default 4)")
     ap.add_argument("--grace", type=float, default=30.0, help="fileGracePeriod in seconds (default 30)")
     ap.add_argument("--orphan-slack", type=float, default=30.0,
                     help="seconds past the grace period an unreferenced file may still live (default 30)")
@@ -32,7 +33,7 @@ def main(argv=None) -> int:
         write_report(args.out)
         return 0
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="soak-", dir=os.environ.get("TMPDIR")))
-    cfg = Settings(minutes=args.minutes, out=args.out, workdir=workdir, seed=args.seed, mean_gap_s=args.fault_every,
+    cfg = Settings(minutes=args.minutes, out=args.out, workdir=workdir, seed=args.seed, mean_gap_s=args.fault_every, tick_s=args.tick,
                    grace_s=args.grace, orphan_slack_s=args.orphan_slack,
                    every_kind=args.every_kind, first_kinds=tuple(k for k in args.first.split(",") if k))
     summary = run(cfg)

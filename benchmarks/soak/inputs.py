@@ -21,7 +21,7 @@ import json
 import os
 import random
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
 EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)

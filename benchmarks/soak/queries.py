@@ -202,8 +202,7 @@ class SoakQuery:
         return str(err) if err is not None else "stopped without an error"
 
     def recent_progress(self) -> list[dict]:
-        with self._lock:
-            handle = self.handle
+        handle = self.handle   # no lock: the sampler must not wait while a fault stops this query
         if handle is None:
             return []
         try:

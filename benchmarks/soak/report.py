@@ -37,6 +37,7 @@ def load(out: Path) -> dict:
     proxy = summary.get("proxy") or (samples[-1].get("proxy") if samples else None) or {}
     return {"summary": summary, "samples": samples, "progress": _lines(out / "progress.jsonl"),
             "faults": _lines(out / "faults.jsonl"), "recoveries": _lines(out / "recoveries.jsonl"),
+            "notes": (out / "NOTES.md").read_text() if (out / "NOTES.md").exists() else "",
             "proxy": proxy, "proxy_faults": Counter(proxy.get("faults") or {})}
 
 
@@ -54,7 +55,7 @@ def markdown(data: dict) -> str:
     durations = [p["duration_ms"] for p in progress if p.get("duration_ms") is not None and p.get("rows")]
     done = Counter(f["kind"] for f in faults if f.get("ok"))
     skipped = Counter(f["kind"] for f in faults if not f.get("ok") and f["kind"] != "query-failed")
-    recovered = [r["recovered_s"] for r in data["recoveries"]]
+    recovered, idle = recoveries(faults, progress)
     problems = s.get("problems", {})
     lost = sum(len(v) for k, v in problems.items() if k.split(": ")[-1] in ("output", "state"))
     settings = s.get("settings", {})
@@ -76,8 +77,10 @@ def markdown(data: dict) -> str:
         f"| rows emitted | {sum(q.get('rows_out', 0) for q in queries.values())} |",
         f"| batch duration with input, median / p95 / max | {_pct(durations)} |",
         f"| faults injected | {sum(done.values())} |",
-        f"| recoveries (every query committed again after a fault), median / max time | "
+        f"| recoveries (every query committed a batch again after a fault), median / max time | "
         f"{len(recovered)}{f', {statistics.median(recovered):.0f} s / {max(recovered):.0f} s' if recovered else ''} |",
+        f"| faults after which some query had no input left to run a batch on (nothing to judge recovery by) "
+        f"| {idle} |",
         f"| queries failed and restarted from their checkpoint | {sum(1 for f in faults if f['kind'] == 'query-failed')} |",
         f"| task re-attempts (retries and speculative copies) | {len(s.get('task_reattempts', []))} |",
         f"| S3 requests through the proxy / failed, stalled, slowed or dropped | "
@@ -112,10 +115,35 @@ def markdown(data: dict) -> str:
         lines += ["", "Memory (MiB): " + "; ".join(
             f"{k}: peak {v['peak_middle_third_mib']:.0f} in the middle third, {v['peak_last_third_mib']:.0f} in the last"
             for k, v in mem.items()) + "."]
+    notes = data.get("notes")
+    if notes:
+        lines += ["", "## Notes on this run", "", notes.strip()]
     if problems:
         lines += ["", "## Problems", ""] + [f"- {k}: {p}" for k, v in problems.items() for p in v]
     lines += ["", "Raw samples: `results.json`; over time: `soak.png`.", ""]
     return "\n".join(lines)
+
+
+def recoveries(faults: list[dict], progress: list[dict]) -> tuple[list[float], int]:
+    """Seconds from each fault until every query committed a batch that started after the fault ended (from the
+    batches' start times and durations), and how many faults were followed by no batch of some query at all
+    (it had read all its input: nothing to judge by)."""
+    batches: dict[str, list[tuple[float, float]]] = {}
+    for p in progress:
+        start = _progress_t(p)
+        if start is not None and p.get("duration_ms") is not None:
+            batches.setdefault(p["query"], []).append((start, start + p["duration_ms"] / 1000))
+    out, idle = [], 0
+    for f in faults:
+        if not f.get("ok") or f["kind"] == "query-failed":
+            continue
+        after = f["t"] + f.get("took_s", 0)
+        ends = [min((end for start, end in runs if start > after), default=None) for runs in batches.values()]
+        if None in ends or not ends:
+            idle += 1
+        else:
+            out.append(max(ends) - f["t"])
+    return out, idle
 
 
 def _when(t: float | None) -> str:

@@ -37,13 +37,15 @@ class Settings:
     out: Path
     workdir: Path
     seed: int = 1
-    tick_s: float = 2.0           # one input file per stream every tick
+    #: one input file per stream every tick: 4 s keeps the four queries on two one-core executors ahead of their
+    #: input (a 65-minute run at 2 s fell behind at ~15 of 30 ticks a minute), batches of up to max_files ticks
+    tick_s: float = 4.0
     mean_gap_s: float = 25.0      # mean time between faults
     base_rate: float = 0.02       # S3 requests failed or stalled by the proxy outside bursts
     grace_s: float = 30.0         # fileGracePeriod
     orphan_slack_s: float = 30.0  # past the grace period: a few maintenance runs (every 5 s)
     trigger: str = "2 seconds"
-    max_files: int = 10
+    max_files: int = 30
     shape: Shape = Shape()
     sample_s: float = 5.0
     every_kind: bool = False      # go on past ``minutes`` until every kind of fault was performed once
