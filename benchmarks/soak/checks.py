@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
 from benchmarks.soak.model import Model
+from spark_state.chain.references import Reference
 from spark_state.errors import SparkStateError, VersionNotFound
 from spark_state.format.manifest import CompactionRecord, Manifest
 from spark_state.spark.checkpoint import SparkCheckpoint
@@ -22,6 +22,8 @@ from spark_state.storage.layout import file_version
 
 #: Problems listed per check at most (the count is always given).
 SHOWN = 5
+#: Partitions past the largest count in Spark's offset log that the orphan check looks for in storage.
+PROBED_PARTITIONS = 4
 
 
 def _ms(value) -> int:
@@ -192,11 +194,15 @@ def check_validate(checkpoint: Path, options: dict) -> tuple[dict, list[str]]:
 
 def unreferenced(world, checkpoint: Path, options: dict) -> set[str]:
     """Data files of the checkpoint's active stores that retention may delete now: nothing names them (no
-    retained manifest or compaction record of any store of the checkpoint, rescaled slices included) and they
-    were written for a version below their store's oldest retained one. As ``<store id>: <path>``."""
+    retained manifest or compaction record of any store of the checkpoint, rescaled slices included, no
+    reference record) and they were written for a version below their store's oldest retained one. As
+    ``<store id>: <path>``."""
     ckpt = SparkCheckpoint(str(checkpoint), _settings(options))
     active = set(ckpt.stores(ckpt.last_committed))
-    every = {sid for n in {ckpt.num_partitions(b) for b in ckpt.offset_batches} for sid in _sids(ckpt, n)} | active
+    # Spark purges old offset log entries, so partitions beyond today's count (a rescale down) are found in
+    # storage: their manifests still name files of the active stores (rule 6's known cost).
+    counts = {ckpt.num_partitions(b) for b in ckpt.offset_batches}
+    every = {sid for sid in _sids(ckpt, max(counts) + PROBED_PARTITIONS) if sid in active or ckpt.versions(sid)}
     named: set[tuple[str, str]] = set()
     oldest: dict = {}
     for sid in every:
@@ -216,6 +222,12 @@ def unreferenced(world, checkpoint: Path, options: dict) -> set[str]:
             data = store.storage.read_record(v, "_snapshot")
             if data:
                 named.update((root, p) for p in CompactionRecord.from_json(data, "record").snapshot.paths)
+    for sid in active:   # reference records (rule 6): retention keeps the files of every live one
+        root = ckpt.store_root(sid)
+        refs = root.split(f"s3://{_bucket(root)}/", 1)[-1].rstrip("/") + "/refs/"
+        for obj in world.objects(refs):
+            data = world.s3().get_object(Bucket=_bucket(root), Key=obj["Key"])["Body"].read()
+            named.update((root, p) for p in Reference.from_json(data, obj["Key"]).files)
     out = set()
     for sid in active:
         root = ckpt.store_root(sid)
