@@ -20,7 +20,7 @@ from spark_state.errors import ProtocolError
 from spark_state.faults import fault
 from spark_state.format import datafile
 from spark_state.format.manifest import DELTA, SNAPSHOT
-from spark_state.format.tables import is_typed
+from spark_state.format.tables import align, is_typed
 from spark_state.storage.layout import new_file_path
 
 
@@ -100,7 +100,9 @@ class StagedCommit:
             rows = datafile.decode(data, self.path, self.ctx.settings.max_parallelism, verified=True)
         finally:
             self.ctx.storage.delete_files([self.path])
-        return pa.concat_tables([rows, tail.select(rows.column_names).cast(rows.schema)]) if tail.num_rows else rows
+        if not tail.num_rows:
+            return rows
+        return pa.concat_tables(align([rows, tail.select(rows.column_names)]))
 
     def _checked(self, changes: pa.Table) -> pa.Table:
         changes = self._validate(changes)

@@ -167,3 +167,31 @@ def test_an_idle_stream_is_dropped_with_its_file(tmp_path):
     streams.append("new", 0, store, 2, _rows(["b"]))   # any request sweeps idle streams
     assert path not in store.storage.list_files() and len(streams) == 1
     assert streams.drop("new") and store.storage.list_files() == []
+
+
+def _spark_like(keys: list[int], deletes: bool) -> pa.Table:
+    """Changes as the shim encodes a store whose value fields Spark declares non-nullable: a delete is a null
+    value struct whose children are null too (found by the micro benchmark: a batch updating keys twice)."""
+    kf = [pa.field("k", pa.int64(), nullable=False)]
+    vf = [pa.field("a", pa.int64(), nullable=False), pa.field("s", pa.string(), nullable=False)]
+    hashes = np.array(keys, dtype=np.int32)
+    value = pa.StructArray.from_arrays(
+        [pa.array([None if deletes else k for k in keys], pa.int64()),
+         pa.array([None if deletes else f"v{k}" for k in keys], pa.string())],
+        fields=vf, mask=pa.array([deletes] * len(keys)))
+    return pa.table({"kg": pa.array(np.mod(hashes, M), pa.int32()), "hash": pa.array(hashes),
+                     "key": pa.StructArray.from_arrays([pa.array(keys, pa.int64())], fields=kf), "value": value},
+                    schema=pa.schema([("kg", pa.int32()), ("hash", pa.int32()),
+                                      pa.field("key", pa.struct(kf), nullable=False), ("value", pa.struct(vf))]))
+
+
+@pytest.mark.parametrize("tail_deletes", [False, True])
+def test_repeated_keys_with_non_nullable_value_fields_are_rewritten(tmp_path, tail_deletes):
+    store = store_on(f"file://{tmp_path}")
+    first = store.commit(1, _spark_like([1, 2, 3], deletes=False))
+    staged = store.stage(2)
+    staged.append(_spark_like([1, 2], deletes=False))
+    store.commit(2, _spark_like([2, 3], deletes=tail_deletes), base_commit_id=first.commit_id, staged=staged,
+                 repeated_keys=True)
+    got = store.load(2)
+    assert sorted(k["k"] for k in got.column("key").to_pylist()) == ([1] if tail_deletes else [1, 2, 3])
