@@ -95,7 +95,10 @@ class Committer:
                                 staged)
         except BaseException:
             if staged is not None:
-                staged.discard()
+                try:
+                    staged.discard()
+                except Exception as err:  # noqa: BLE001 - the commit's own error matters more
+                    log.warning("could not drop the streamed file %s of %s: %s", staged.path, self.ctx.name, err)
             raise
 
     def _commit(self, version: int, changes: pa.Table, base_commit_id, min_versions_to_retain: int | None,
@@ -104,9 +107,12 @@ class Committer:
         if version < 1:
             raise ProtocolError(f"cannot commit version {version} of {ctx.name}: versions start at 1.")
         check_max_parallelism(ctx.settings.max_parallelism)
-        if staged is not None and (full or repeated_keys or not staged.rows or (staged.kind == SNAPSHOT and staged.deletes)):
-            # the file as streamed cannot be this version's: a key in it twice, deletes in a snapshot, no rows yet
-            changes, staged = staged.take_back(self.valid_changes(changes)), None
+        if staged is not None:
+            changes = self.valid_changes(changes)
+            deletes = staged.deletes + changes.column("value").null_count
+            if full or repeated_keys or not staged.rows or (staged.kind == SNAPSHOT and deletes):
+                # the file as streamed cannot be this version's: a key in it twice, deletes in a snapshot, no rows
+                changes, staged = staged.take_back(changes), None
         changes = self.valid_changes(changes, repeated_keys)
         with ctx.locks.lock:
             if self.compactor.blocker is not None:

@@ -16,7 +16,7 @@ import time
 import pyarrow as pa
 
 from spark_state.chain.context import StoreContext
-from spark_state.errors import ProtocolError
+from spark_state.errors import ProtocolError, StreamLost
 from spark_state.faults import fault
 from spark_state.format import datafile
 from spark_state.format.manifest import DELTA, SNAPSHOT
@@ -53,16 +53,25 @@ class StagedCommit:
     def deletes(self) -> int:
         return self._encoder.deletes
 
-    def append(self, changes: pa.Table) -> None:
-        """Writes one chunk of changes (storage makes them durable in the background of the batch)."""
+    def append(self, changes: pa.Table, seq: int | None = None) -> bool:
+        """Writes chunk `seq` (default: the next) of the changes; storage makes it durable in the background of
+        the batch. False for a chunk already taken (a retried request); StreamLost when chunks before it are
+        missing. The check and the write are one step, so two attempts of one chunk never both write."""
         changes = self._checked(changes)
         with self._lock:
             self._check_open()
+            seq = self.chunks if seq is None else seq
+            if seq < self.chunks:
+                return False
+            if seq > self.chunks:
+                raise StreamLost(f"the streamed changes of {self.ctx.name} version {self.version}: chunk {seq} came "
+                                 f"after {self.chunks} chunk(s); send them again")
             self._write(changes)
             self._file.sync()
             self.chunks += 1
             self.touched = time.monotonic()
         fault("stage-after-chunk")
+        return True
 
     def finish(self, tail: pa.Table):
         """Appends the last changes and completes the file (durable when it returns); what its manifest entry
@@ -116,6 +125,11 @@ class StagedCommit:
             self._encoder.write(changes)
         except ValueError as err:
             raise ProtocolError(f"a chunk of changes of {self.ctx.name} version {self.version}: {err}") from None
+
+    def counted(self, chunks: int) -> bool:
+        """Whether exactly `chunks` chunks are in the file (what a commit of the stream says it sent)."""
+        with self._lock:
+            return self.chunks == chunks
 
     def discard(self) -> None:
         """Drops the file (an aborted attempt, a stream nobody committed); idempotent."""

@@ -318,8 +318,12 @@ class _LocalDataFile(DataFileWriter):
                 atomic.fsync_dir(os.path.dirname(self._full))
 
     def discard(self) -> None:
-        self._file.close()
         try:
-            os.unlink(self._full)
-        except FileNotFoundError:
-            pass
+            self._file.close()
+        except OSError:
+            pass   # a full disk refuses the flush: the file goes anyway
+        finally:
+            try:
+                os.unlink(self._full)
+            except FileNotFoundError:
+                pass

@@ -151,15 +151,17 @@ class Dispatcher:
         version = _int_field(header, "version")
         changes = ipc_to_table(body) if body else CHANGES_SCHEMA.empty_table()
         base = header["baseCommitId"] if "baseCommitId" in header else UNCHECKED
+        keep = _optional_int(header, "minVersionsToRetain")
+        full = bool(header.get("full", False))
         started = time.perf_counter()
         store = self._store(header)
         staged = None
         if header.get("stream") is not None:
+            if full:
+                raise ProtocolError("a commit of the whole state (full) cannot complete streamed changes (stream)")
             staged = self.streams.take(_stream_field(header), _int_field(header, "chunks"), store, version)
-        result = store.commit(version, changes, base_commit_id=base,
-                              min_versions_to_retain=_optional_int(header, "minVersionsToRetain"),
-                              full=bool(header.get("full", False)), repeated_keys=bool(header.get("repeatedKeys")),
-                              staged=staged)
+        result = store.commit(version, changes, base_commit_id=base, min_versions_to_retain=keep, full=full,
+                              repeated_keys=bool(header.get("repeatedKeys")), staged=staged)
         # "files": what a commit writes, a data file and a manifest (a field of protocol 1, kept for the shim)
         return {"ok": True, "bytes": result.bytes_written, "files": 2, "commitId": result.commit_id,
                 "ms": round((time.perf_counter() - started) * 1000, 3), **_maintenance_status(store)}, b""

@@ -18,7 +18,7 @@ from spark_state.errors import ProtocolError, StreamLost
 log = logging.getLogger(__name__)
 
 #: A stream without a chunk, commit or abort for this long is dropped (a shim waits for each chunk's reply,
-#: so only a dead or stuck task goes this quiet).
+#: so only a dead or stuck task goes this quiet); every stream request sweeps.
 IDLE_LIMIT = 15 * 60.0
 
 
@@ -43,16 +43,12 @@ class StreamRegistry:
                              f"holds none before it (it was restarted, or the stream expired); send them again")
         staged = entry
         self._check(stream, staged, store, version)
-        if seq < staged.chunks:
-            return staged   # a request retried after its reply was lost
-        if seq > staged.chunks:
-            raise StreamLost(f"stream {stream} of {store.name} version {version}: chunk {seq} came after "
-                             f"{staged.chunks} chunk(s); send them again")
-        staged.append(chunk)
+        staged.append(chunk, seq)   # a chunk taken before (a retried request) is not written twice
         return staged
 
     def take(self, stream: str, chunks: int, store, version: int) -> StagedCommit:
         """The stream a commit completes, once it holds all `chunks` chunks."""
+        self._expire()
         with self._lock:
             entry = self._streams.pop(stream, None)
         if entry is None:
@@ -60,7 +56,7 @@ class StreamRegistry:
                              f"worker (it was restarted, or the stream expired); send them again")
         staged = entry
         self._check(stream, staged, store, version)
-        if staged.chunks != chunks:
+        if not staged.counted(chunks):
             staged.discard()
             raise StreamLost(f"stream {stream} of {store.name} version {version} holds {staged.chunks} of the "
                              f"{chunks} chunk(s) its commit counts; send them again")
@@ -68,6 +64,7 @@ class StreamRegistry:
 
     def drop(self, stream: str) -> bool:
         """Drops a stream and its file (an abort); whether there was one."""
+        self._expire()
         with self._lock:
             entry = self._streams.pop(stream, None)
         if entry is not None:

@@ -166,7 +166,9 @@ def test_an_idle_stream_is_dropped_with_its_file(tmp_path):
     [path] = store.storage.list_files()
     streams.append("new", 0, store, 2, _rows(["b"]))   # any request sweeps idle streams
     assert path not in store.storage.list_files() and len(streams) == 1
+    streams.idle_limit = 3600.0
     assert streams.drop("new") and store.storage.list_files() == []
+    assert not streams.drop("new")
 
 
 def _spark_like(keys: list[int], deletes: bool) -> pa.Table:
@@ -195,3 +197,42 @@ def test_repeated_keys_with_non_nullable_value_fields_are_rewritten(tmp_path, ta
                  repeated_keys=True)
     got = store.load(2)
     assert sorted(k["k"] for k in got.column("key").to_pylist()) == ([1] if tail_deletes else [1, 2, 3])
+
+
+def test_a_chunk_sent_twice_at_once_is_written_once(tmp_path):
+    """Two attempts of one chunk in the worker at the same time (a request retried while the first still
+    writes): one writes it, the other is told it was taken; the next chunk is not mistaken for a retry."""
+    import threading
+
+    store = store_on(f"file://{tmp_path}")
+    streams = StreamRegistry()
+    streams.append("s", 0, store, 1, _rows(["a"]))
+    barrier = threading.Barrier(2)
+    original = store.committer.valid_changes
+
+    def slow_validate(changes, repeated_keys=False):
+        barrier.wait(timeout=5)   # both attempts are past the registry when either writes
+        return original(changes, repeated_keys)
+
+    staged = streams._streams["s"]
+    staged._validate = slow_validate
+    threads = [threading.Thread(target=streams.append, args=("s", 1, store, 1, _rows(["b"]))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    staged._validate = original
+    streams.append("s", 2, store, 1, _rows(["ü"]))
+    store.commit(1, _rows([]), staged=streams.take("s", 3, store, 1))
+    assert sorted(k["user"] for k in store.load(1).column("key").to_pylist()) == ["a", "b", "ü"]
+
+
+def test_deletes_in_the_tail_of_a_streamed_first_version_are_not_stored(tmp_path):
+    """A delete of a key the store never had (the worker drops those) in the tail of a first version: the
+    snapshot holds no null value and counts only its rows."""
+    store = store_on(f"file://{tmp_path}")
+    staged = store.stage(1)
+    staged.append(_rows(["a", "b"]))
+    store.commit(1, _rows(["ü"], None), staged=staged)
+    assert store.reader.read_manifest(1).files[0].rows == 2
+    assert sorted(k["user"] for k in store.load(1).column("key").to_pylist()) == ["a", "b"]

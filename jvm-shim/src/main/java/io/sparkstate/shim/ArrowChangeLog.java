@@ -14,6 +14,8 @@ import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
  * dedups only then. The stream and its Arrow memory are created at the first change.
  */
 final class ArrowChangeLog implements ChangeLog {
+  /** Rows a streaming log's first buffer is sized for: about a chunk. */
+  private static final long CHUNK_ROWS = 2L * ArrowCodec.BATCH_ROWS;
   private final TypedCodec codec;
   private final KeyHasher hasher;
   private final long expected;
@@ -36,11 +38,14 @@ final class ArrowChangeLog implements ChangeLog {
   public void add(UnsafeRow key, UnsafeRow value) {
     try {
       if (encoder == null) {
-        encoder = codec.newEncoder(expected, hasher);
+        // a streaming log's buffer holds one chunk (it leaves with it), not the whole batch
+        encoder = codec.newEncoder(stream == null ? expected : Math.min(expected, CHUNK_ROWS), hasher);
         keys = new KeyFingerprints(expected);
       }
       keys.add(encoder.add(key, value), key);
-      if (stream != null && encoder.betweenBatches() && encoder.encodedBytes() >= ChangeStream.CHUNK_BYTES) {
+      // a log that changed a key twice is read back whole by the worker: streaming more of it gains nothing
+      if (stream != null && !keys.repeated() && encoder.betweenBatches()
+          && encoder.encodedBytes() >= ChangeStream.CHUNK_BYTES) {
         stream.send(encoder.cut((int) Math.min(ChangeStream.CHUNK_BYTES * 2, 1 << 26)));
       }
     } catch (IOException e) {

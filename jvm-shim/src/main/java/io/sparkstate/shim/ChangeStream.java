@@ -70,7 +70,7 @@ final class ChangeStream {
     int seq = chunks.size();
     chunks.add(chunk);
     String stream = id;
-    sending = sending.thenRunAsync(() -> {
+    CompletableFuture<Void> link = sending.thenRunAsync(() -> {
       try {
         if (failure == null) {
           client.stage(version, stream, seq, chunk);
@@ -81,6 +81,15 @@ final class ChangeStream {
         window.release();
       }
     }, SENDERS);
+    // a send that could not even be scheduled (no thread left) frees its place and fails the stream,
+    // and the sends after it still run (they are skipped, and each frees its place)
+    sending = link.handle((ok, e) -> {
+      if (e != null) {
+        failure = new IllegalStateException("spark_state: cannot stream a chunk of version " + version, e);
+        window.release();
+      }
+      return null;
+    });
   }
 
   /**
@@ -113,6 +122,9 @@ final class ChangeStream {
         client.stage(version, id, seq, chunks.get(seq));
       }
       return client.commit(version, baseCommitId, minVersionsToRetain, false, repeatedKeys, id, chunks.size(), tail);
+    } catch (RuntimeException e) {
+      dropOnWorker();   // a commit that failed before the worker took the stream leaves nothing there
+      throw e;
     } finally {
       chunks.clear();
     }
@@ -131,12 +143,22 @@ final class ChangeStream {
     }
   }
 
+  /**
+   * Tells the worker to drop the stream (none there: nothing happens). A killed task's thread is still
+   * interrupted here, which would close the connection under the request: the flag is cleared for the
+   * request and set again after.
+   */
   private void dropOnWorker() {
+    boolean interrupted = Thread.interrupted();
     try {
       client.abort(version, id);
     } catch (RuntimeException e) {
       LOG.warn("spark_state: cannot drop the streamed changes of version {} ({}); the worker drops them when "
           + "they expire", version, e.toString());
+    } finally {
+      if (interrupted) {
+        Thread.currentThread().interrupt();
+      }
     }
   }
 

@@ -106,7 +106,6 @@ final class TypedCodec {
    */
   final class Encoder implements AutoCloseable {
     private final KeyHasher hasher;
-    private final int initialBytes;
     private ArrowCodec.Body bytes;
     private final ArrowWriter arrow;
     private final VectorSchemaRoot root;
@@ -123,8 +122,7 @@ final class TypedCodec {
 
     private Encoder(long expected, KeyHasher hasher) throws IOException {
       this.hasher = hasher;
-      this.initialBytes = (int) Math.max(1024, Math.min(expected, 1 << 22) * 48);
-      this.bytes = new ArrowCodec.Body(initialBytes);
+      this.bytes = new ArrowCodec.Body((int) Math.max(1024, Math.min(expected, 1 << 22) * 48));
       this.arrow = newWriter();
       this.root = arrow.root();
       try {
