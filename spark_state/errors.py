@@ -59,6 +59,11 @@ class ProtocolError(SparkStateError):
     """A malformed request between the JVM shim and the worker."""
 
 
+class StreamLost(SparkStateError):
+    """The changes a shim streamed for a commit are not in this worker (it was restarted, or the stream expired
+    or was dropped); the shim sends them again."""
+
+
 class CheckpointError(SparkStateError):
     """A Spark checkpoint directory the tools cannot use as asked; the message says why and what to do."""
 

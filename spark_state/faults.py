@@ -8,9 +8,10 @@ fires each file), reads the action it holds and performs it:
 * ``sleep:<s>``  the process sleeps ``s`` seconds, so a test can kill the executor
                  around it at a known moment.
 
-Points: ``commit-after-data`` (a commit's data file is written, its manifest is
-not), ``commit-after-manifest`` (the manifest is written, the reply not sent),
-``compaction-after-snapshot`` (a compacted snapshot is written, its record is not).
+Points: ``stage-after-chunk`` (a chunk of a streamed commit is in its data file,
+the reply not sent), ``commit-after-data`` (a commit's data file is written, its
+manifest is not), ``commit-after-manifest`` (the manifest is written, the reply not
+sent), ``compaction-after-snapshot`` (a compacted snapshot is written, its record is not).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import os
 import time
 
 ENV = "SPARK_STATE_FAULT_DIR"
-POINTS = ("commit-after-data", "commit-after-manifest", "compaction-after-snapshot")
+POINTS = ("stage-after-chunk", "commit-after-data", "commit-after-manifest", "compaction-after-snapshot")
 
 log = logging.getLogger(__name__)
 _claims = itertools.count()

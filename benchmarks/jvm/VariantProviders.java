@@ -32,7 +32,7 @@ public final class VariantProviders {
   public static final class EncodeAtCommit extends SparkStateProvider {
     @Override
     RowFormat rowFormat(StructType keySchema, StructType valueSchema, KeyHasher hasher) {
-      return super.rowFormat(keySchema, valueSchema, hasher).withChangeLogs(MapChangeLog::new);
+      return super.rowFormat(keySchema, valueSchema, hasher).withChangeLogs((format, expected, stream) -> new MapChangeLog(format, expected));
     }
   }
 }

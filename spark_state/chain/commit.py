@@ -22,6 +22,7 @@ from spark_state.chain.compaction import Compactor
 from spark_state.chain.context import StoreContext
 from spark_state.chain.reader import ChainReader
 from spark_state.chain.rowkeys import last_per_key
+from spark_state.chain.staging import StagedCommit
 from spark_state.errors import ProtocolError, SparkStateError, StaleState, StorageError, VersionNotFound
 from spark_state.faults import fault
 from spark_state.format import datafile
@@ -80,14 +81,38 @@ class Committer:
                 )
         return changes
 
+    def stage(self, version: int) -> StagedCommit:
+        """The data file of a commit of `version` whose changes are streamed while its batch runs
+        (``spark_state.chain.staging``); ``commit(..., staged=)`` completes it."""
+        return StagedCommit(self.ctx, version, self.valid_changes, DELTA_COMPRESSION_LEVEL)
+
     def commit(self, version: int, changes: pa.Table, base_commit_id=UNCHECKED,
                min_versions_to_retain: int | None = None, *, full: bool = False,
-               repeated_keys: bool = False) -> CommitResult:
-        """See VersionedStore.commit."""
+               repeated_keys: bool = False, staged: StagedCommit | None = None) -> CommitResult:
+        """See VersionedStore.commit. A `staged` file is consumed: a commit that fails drops it."""
+        try:
+            return self._commit(version, changes, base_commit_id, min_versions_to_retain, full, repeated_keys,
+                                staged)
+        except BaseException:
+            if staged is not None:
+                try:
+                    staged.discard()
+                except Exception as err:  # noqa: BLE001 - the commit's own error matters more
+                    log.warning("could not drop the streamed file %s of %s: %s", staged.path, self.ctx.name, err)
+            raise
+
+    def _commit(self, version: int, changes: pa.Table, base_commit_id, min_versions_to_retain: int | None,
+                full: bool, repeated_keys: bool, staged: StagedCommit | None) -> CommitResult:
         ctx = self.ctx
         if version < 1:
             raise ProtocolError(f"cannot commit version {version} of {ctx.name}: versions start at 1.")
         check_max_parallelism(ctx.settings.max_parallelism)
+        if staged is not None:
+            changes = self.valid_changes(changes)
+            deletes = staged.deletes + changes.column("value").null_count
+            if full or repeated_keys or not staged.rows or (staged.kind == SNAPSHOT and deletes):
+                # the file as streamed cannot be this version's: a key in it twice, deletes in a snapshot, no rows
+                changes, staged = staged.take_back(changes), None
         changes = self.valid_changes(changes, repeated_keys)
         with ctx.locks.lock:
             if self.compactor.blocker is not None:
@@ -99,7 +124,7 @@ class Committer:
                 self._check_base(base.manifest, base_commit_id)
                 self.reader.check_parallelism(base.manifest)
                 chain = self.compactor.rebased(base.chain, version, min_versions_to_retain)
-            typed = is_typed(changes)
+            typed = is_typed(changes) or staged is not None
             if full:
                 chain = ()
             elif chain and any(f.typed != typed for f in chain):
@@ -108,23 +133,30 @@ class Committer:
                     f"but version {version - 1} holds {'opaque' if typed else 'typed'} files; a "
                     f"shim switching formats sends the whole state once (commit with full=true). Update the shim jar "
                     f"and spark_state together.")
-            if chain:
-                kind, rows = DELTA, changes
-            else:   # building on the empty state: the changes are the whole state
-                kind, rows = SNAPSHOT, changes.filter(changes.column("value").is_valid())
-            if kind == DELTA:   # short-lived (compaction rewrites it): fast to write beats small
-                encoded = datafile.encode(rows, DELTA_COMPRESSION_LEVEL, arrival_order=True)
+            kind = DELTA if chain else SNAPSHOT   # building on the empty state: the changes are the whole state
+            if staged is not None and staged.kind != kind:
+                changes, staged = staged.take_back(changes), None
+            encoded = None
+            if staged is not None:
+                path = staged.path
             else:
-                encoded = datafile.encode(rows, ctx.settings.compression_level)
-            path = new_file_path(version, kind)
-            manifest = Manifest(version, ctx.settings.max_parallelism,
-                                chain + (FileEntry.written(path, kind, version, encoded),),
-                                rows=encoded.rows if kind == SNAPSHOT else None, query_id=ctx.query_id)
-            body = manifest.to_json()
+                if kind == DELTA:   # short-lived (compaction rewrites it): fast to write beats small
+                    encoded = datafile.encode(changes, DELTA_COMPRESSION_LEVEL, arrival_order=True)
+                else:
+                    rows = changes.filter(changes.column("value").is_valid())
+                    encoded = datafile.encode(rows, ctx.settings.compression_level)
+                path = new_file_path(version, kind)
             manifest_sent = False
             try:
-                ctx.storage.write_file(path, encoded.data)
+                if staged is not None:
+                    encoded = staged.finish(changes)
+                else:
+                    ctx.storage.write_file(path, encoded.data)
                 fault("commit-after-data")
+                manifest = Manifest(version, ctx.settings.max_parallelism,
+                                    chain + (FileEntry.written(path, kind, version, encoded),),
+                                    rows=encoded.rows if kind == SNAPSHOT else None, query_id=ctx.query_id)
+                body = manifest.to_json()
                 self._check_deadline(version, started)
                 manifest_sent = True
                 ctx.storage.commit_manifest(version, body)

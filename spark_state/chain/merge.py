@@ -74,8 +74,8 @@ def merge_chain(tables: list[pa.Table], *, ordered: bool = True) -> pa.Table:
     else:
         merged = base
     merged = merged.filter(merged.column("value").is_valid())
-    if ordered and len(tables) > 1:
-        merged = merged.take(key_group_order(merged.column("kg").to_numpy()))
+    if ordered:
+        merged = in_key_group_order(merged)
     return narrow(merged)
 
 
@@ -108,6 +108,15 @@ def _merge_typed(tables: list[pa.Table], ordered: bool, *, wide: bool = False) -
         merged = pa.concat_tables(tables)
         keep = last_write_mask(merged.column("key"))
         merged = merged.filter(pc.and_(pa.array(keep), merged.column("value").is_valid()))
-    if ordered and len(tables) > 1:
-        merged = merged.take(key_group_order(merged.column("kg").to_numpy()))
+    if ordered:
+        merged = in_key_group_order(merged)
     return merged
+
+
+def in_key_group_order(table: pa.Table) -> pa.Table:
+    """`table` sorted by key group: a merge of several files is not, nor a first version's snapshot, which
+    is written in the order its rows arrived (``spark_state.chain.staging``)."""
+    kg = table.column("kg").to_numpy()
+    if len(kg) > 1 and np.any(kg[1:] < kg[:-1]):
+        return table.take(key_group_order(kg))
+    return table

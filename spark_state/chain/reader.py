@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from spark_state.chain.context import StoreContext
-from spark_state.chain.merge import fold_changes, merge_chain
+from spark_state.chain.merge import fold_changes, in_key_group_order, merge_chain
 from spark_state.chain.references import Siblings
 from spark_state.errors import SparkStateError, StorageError, VersionNotFound
 from spark_state.format import datafile
@@ -149,7 +149,7 @@ class ChainReader:
                 self._raise_if_dropped(version)
                 raise
             if len(tables) == 1 and chain[0].kind == SNAPSHOT:
-                return Loaded(tables[0], manifest.commit_id)
+                return Loaded(in_key_group_order(tables[0]) if ordered else tables[0], manifest.commit_id)
             return Loaded(merge_chain(tables, ordered=ordered), manifest.commit_id)
         finally:
             locks.unpin(f.path for f in chain)

@@ -46,6 +46,7 @@ from spark_state.chain.context import StoreContext
 from spark_state.chain.history import History
 from spark_state.chain.reader import ChainReader, Loaded
 from spark_state.chain.retention import Retention
+from spark_state.chain.staging import StagedCommit
 from spark_state.options import Settings
 from spark_state.storage.base import CheckpointStorage
 
@@ -109,7 +110,7 @@ class VersionedStore:
 
     def commit(self, version: int, changes: pa.Table, base_commit_id=UNCHECKED,
                min_versions_to_retain: int | None = None, *, full: bool = False,
-               repeated_keys: bool = False) -> CommitResult:
+               repeated_keys: bool = False, staged: StagedCommit | None = None) -> CommitResult:
         """Makes `version` = version-1 + changes durable; replaces an existing `version` (a retried batch).
 
         ``base_commit_id`` is the identity of version-1 the caller built its
@@ -118,9 +119,15 @@ class VersionedStore:
         compacted snapshot may be reused (``Compactor.rebased``). ``full``: the
         changes are the whole state (a shim switching file formats).
         ``repeated_keys``: a key may appear more than once; its last row wins.
+        ``staged``: the changes streamed before (``stage``); `changes` are the rest.
         """
         return self.committer.commit(version, changes, base_commit_id, min_versions_to_retain, full=full,
-                                     repeated_keys=repeated_keys)
+                                     repeated_keys=repeated_keys, staged=staged)
+
+    def stage(self, version: int) -> StagedCommit:
+        """A commit of `version` whose changes come in chunks while its batch runs (``StagedCommit.append``),
+        completed by ``commit(..., staged=)``; nothing is visible before that."""
+        return self.committer.stage(version)
 
     def abort(self, version: int) -> None:
         """Removes files this process wrote for `version` that no manifest names.

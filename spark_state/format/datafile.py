@@ -13,7 +13,8 @@ A file is three parts, all little-endian, nothing pickled::
              then the end-of-stream marker. Typed *deltas* keep the rows in
              the order the shim sent them (no gather by key group on the
              commit path: ~30% of a delta's encode) in batches of ~the
-             target size.
+             target size, as does a first snapshot written while its batch
+             ran (``StreamEncoder``; a load sorts it, compaction rewrites it).
     index    an Arrow IPC stream of BATCH_INDEX_SCHEMA (typed files): one
              row per batch, its byte range, CRC-32, rows and the smallest and
              largest key group it holds; or of INDEX_SCHEMA (opaque files, and typed
@@ -281,6 +282,130 @@ def _encode_in_arrival_order(table: pa.Table, compression_level: int, target_bat
         first_kg = last_kg = np.zeros(0, dtype=np.int32)
     index = _batch_index(first_kg, last_kg, offsets, lengths, crcs, batch_rows)
     return _assemble(data, index, n, FileFormat.TYPED, options)
+
+
+@dataclass(frozen=True)
+class StreamedFile:
+    """What a manifest entry records about a file a ``StreamEncoder`` wrote (its bytes went to storage)."""
+
+    rows: int
+    size: int
+    checksum: str
+    index_offset: int
+    index_length: int
+    index_checksum: str
+    file_format: int = FileFormat.TYPED
+
+
+class _Pieces:
+    """The file-like sink Arrow's IPC writer writes one message at a time into; drained after each message."""
+
+    closed = False
+
+    def __init__(self):
+        self.parts: list = []
+
+    def write(self, data) -> int:
+        self.parts.append(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def drain(self) -> bytes:
+        data, self.parts = b"".join(self.parts), []
+        return data
+
+
+class StreamEncoder:
+    """A typed data file in arrival order, written while its rows arrive (a commit's changes streamed during
+    the batch, docs/protocol.md "Streamed commits"): each ``write`` encodes its rows into record batches of
+    ~the target size and hands their bytes to ``out`` at once, so what is left at ``finish`` is the end of the
+    stream, the batch index and the trailer. The bytes are exactly what ``encode(..., arrival_order=True)``
+    lays out (without dictionary columns: a file's dictionaries precede its first batch), so every reader
+    reads the file as any other."""
+
+    def __init__(self, out: Callable[[bytes], None], compression_level: int,
+                 target_batch_bytes: int = TARGET_BATCH_BYTES):
+        self._out = out
+        self._options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level))
+        self._target = target_batch_bytes
+        self._pieces = _Pieces()
+        self._writer = None
+        self._schema: pa.Schema | None = None
+        self._size = 0
+        self._crc = 0
+        self._index: list[tuple[int, int, int, int, int, int]] = []   # first_kg, last_kg, offset, length, crc, rows
+        self.rows = 0
+        self.deletes = 0
+
+    @property
+    def schema(self) -> pa.Schema | None:
+        """The stored schema (hash, key, value), fixed by the first rows written."""
+        return self._schema
+
+    def _emit(self, data: bytes) -> None:
+        if data:
+            self._out(data)
+            self._crc = zlib.crc32(data, self._crc)
+            self._size += len(data)
+
+    def write(self, table: pa.Table) -> None:
+        """Appends typed rows (``kg`` first, as tables in memory have it) in the order given."""
+        n = table.num_rows
+        if not n:
+            return
+        stored = table.drop_columns(["kg"]).combine_chunks()
+        if self._writer is None:
+            self._schema = stored.schema
+            self._writer = pa.ipc.new_stream(self._pieces, stored.schema, options=self._options)
+        elif stored.schema != self._schema:
+            raise ValueError(f"rows with schema {stored.schema} after rows with schema {self._schema}")
+        kg = table.column("kg").to_numpy()
+        per_batch = max(1, self._target // (payload_bytes(table) // n + _ROW_OVERHEAD))
+        [batch] = stored.to_batches() or [None]
+        for start in range(0, n, per_batch):
+            part = batch.slice(start, per_batch)
+            head = self._size == 0
+            self._writer.write_batch(part)
+            data = self._pieces.drain()
+            if head:   # the first message is the schema: everything before the first batch is the file's head
+                head_len = _first_message_length(data)
+                self._emit(data[:head_len])
+                data = data[head_len:]
+            offset = self._size
+            self._emit(data)
+            rows = part.num_rows
+            self._index.append((int(kg[start:start + rows].min()), int(kg[start:start + rows].max()), offset,
+                                len(data), zlib.crc32(data), rows))
+        self.rows += n
+        self.deletes += table.column("value").null_count
+
+    def finish(self) -> StreamedFile:
+        """Writes the end of the stream, the batch index and the trailer; returns what the manifest records."""
+        if self._writer is None:
+            raise ValueError("a streamed file needs rows")
+        self._writer.close()
+        self._emit(self._pieces.drain())   # the end-of-stream marker
+        first_kg, last_kg, offsets, lengths, crcs, rows = (np.asarray(c) for c in zip(*self._index))
+        index = _batch_index(first_kg, last_kg, offsets.astype(np.int64), lengths.astype(np.int64),
+                             crcs.astype(np.uint32), rows)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, index.schema, options=self._options) as writer:
+            writer.write_table(index)
+        index_bytes = sink.getvalue().to_pybytes()
+        index_offset = self._size
+        self._emit(index_bytes)
+        self._emit(_TRAILER.pack(index_offset, len(index_bytes), _MAGICS[FileFormat.TYPED]))
+        return StreamedFile(self.rows, self._size, f"crc32:{self._crc:08x}", index_offset, len(index_bytes),
+                            crc32_hex(index_bytes))
+
+
+def _first_message_length(data: bytes) -> int:
+    """Length of the first IPC message of ``data`` (walks its framing; decodes nothing)."""
+    src = pa.BufferReader(data)
+    pa.ipc.MessageReader.open_stream(src).read_next_message()
+    return src.tell()
 
 
 def _batch_ranges(data: pa.Buffer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -60,6 +60,12 @@ class CheckpointStorage(ABC):
         directories to bring back; there the caller's re-read of the manifest is the check.
         """
 
+    def open_data_file(self, path: str) -> "DataFileWriter":
+        """A data file written in pieces as they come (a commit streamed while its batch runs); like
+        write_file, invisible until a manifest names it. This default keeps the pieces in memory and writes
+        the file whole at ``close``; backends that can append (local disks) write each piece at once."""
+        return BufferedDataFile(self, path)
+
     @abstractmethod
     def commit_record(self, version: int, name: str, data: bytes, *, recreate: bool = True) -> None:
         """Writes chk-N/<name> atomically (all or nothing), replacing a previous one (``recreate``: as write_file)."""
@@ -131,3 +137,45 @@ class CheckpointStorage(ABC):
     @abstractmethod
     def delete_files(self, paths: Iterable[str]) -> None:
         """Removes data files; missing ones are ignored."""
+
+
+class DataFileWriter(ABC):
+    """One data file being written piece by piece: ``write`` the pieces, then ``close`` (the file is complete
+    and durable when it returns) or ``discard`` (nothing is left of it)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    @abstractmethod
+    def write(self, data: bytes) -> None:
+        """Appends bytes."""
+
+    def sync(self) -> None:
+        """Makes what was written so far durable where that is cheaper now than at ``close`` (a local disk)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Completes the file: it is written and durable (as ``write_file`` leaves a file)."""
+
+    @abstractmethod
+    def discard(self) -> None:
+        """Drops the file and whatever was written of it; idempotent."""
+
+
+class BufferedDataFile(DataFileWriter):
+    """Pieces kept in memory, the file written whole at close: every backend can (objects are put whole)."""
+
+    def __init__(self, storage: CheckpointStorage, path: str):
+        super().__init__(path)
+        self._storage = storage
+        self._pieces: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self._pieces.append(bytes(data))
+
+    def close(self) -> None:
+        data, self._pieces = b"".join(self._pieces), []
+        self._storage.write_file(self.path, data)
+
+    def discard(self) -> None:
+        self._pieces = []

@@ -22,6 +22,7 @@ import pyarrow as pa
 import spark_state
 from spark_state.errors import ProtocolError, SparkStateError
 from spark_state.options import Settings
+from spark_state.worker.streams import StreamRegistry
 from spark_state.worker.protocol import (
     HELLO_MAX_HEADER, PROTOCOL_VERSION, IpcBody, ipc_to_table, read_frame, write_frame,
 )
@@ -73,6 +74,13 @@ def _int_field(header: dict, name: str) -> int:
         raise ProtocolError(f"request {header.get('op')!r} needs an integer {name!r}") from None
 
 
+def _stream_field(header: dict) -> str:
+    stream = header.get("stream")
+    if not isinstance(stream, str) or not 0 < len(stream) <= 128:
+        raise ProtocolError(f"request {header.get('op')!r} needs a 'stream' id (a string of 1 to 128 characters)")
+    return stream
+
+
 def _optional_int(header: dict, name: str) -> int | None:
     return None if header.get(name) is None else _int_field(header, name)
 
@@ -92,6 +100,7 @@ class Dispatcher:
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark-state-maintenance")
         self._pending: set[tuple] = set()
         self._pending_lock = threading.Lock()
+        self.streams = StreamRegistry()
 
     def authenticate(self, header: dict) -> bool:
         return (
@@ -126,18 +135,33 @@ class Dispatcher:
 
         return open_store(store_ref_of(header), settings_of(header))
 
+    def op_stage(self, header, body):
+        """One chunk of a commit's changes, streamed while the batch runs (docs/protocol.md, "Streamed commits"):
+        written into the data file the commit will name."""
+        version = _int_field(header, "version")
+        staged = self.streams.append(_stream_field(header), _int_field(header, "seq"), self._store(header), version,
+                                     ipc_to_table(body))
+        return {"ok": True, "rows": staged.rows}, b""
+
     def op_commit(self, header, body):
+        """Makes a version durable: its changes are the body, after the chunks streamed as ``stream`` if named."""
         from spark_state.chain import UNCHECKED
         from spark_state.format.tables import CHANGES_SCHEMA
 
         version = _int_field(header, "version")
         changes = ipc_to_table(body) if body else CHANGES_SCHEMA.empty_table()
         base = header["baseCommitId"] if "baseCommitId" in header else UNCHECKED
+        keep = _optional_int(header, "minVersionsToRetain")
+        full = bool(header.get("full", False))
         started = time.perf_counter()
         store = self._store(header)
-        result = store.commit(version, changes, base_commit_id=base,
-                              min_versions_to_retain=_optional_int(header, "minVersionsToRetain"),
-                              full=bool(header.get("full", False)), repeated_keys=bool(header.get("repeatedKeys")))
+        staged = None
+        if header.get("stream") is not None:
+            if full:
+                raise ProtocolError("a commit of the whole state (full) cannot complete streamed changes (stream)")
+            staged = self.streams.take(_stream_field(header), _int_field(header, "chunks"), store, version)
+        result = store.commit(version, changes, base_commit_id=base, min_versions_to_retain=keep, full=full,
+                              repeated_keys=bool(header.get("repeatedKeys")), staged=staged)
         # "files": what a commit writes, a data file and a manifest (a field of protocol 1, kept for the shim)
         return {"ok": True, "bytes": result.bytes_written, "files": 2, "commitId": result.commit_id,
                 "ms": round((time.perf_counter() - started) * 1000, 3), **_maintenance_status(store)}, b""
@@ -191,6 +215,10 @@ class Dispatcher:
         return {"ok": True, "version": self._store(header).latest_version()}, b""
 
     def op_abort(self, header, body):
+        """Drops what this worker holds of an uncommitted version: the chunks streamed as ``stream`` if named,
+        files it wrote for the version that no manifest names."""
+        if header.get("stream") is not None:
+            self.streams.drop(_stream_field(header))
         self._store(header).abort(_int_field(header, "version"))
         return {"ok": True}, b""
 

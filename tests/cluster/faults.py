@@ -14,10 +14,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from spark_state.faults import POINTS
 from tests.support.waiting import wait_until
-
-#: The points of the contract.
-POINTS = ("commit-after-data", "commit-after-manifest", "compaction-after-snapshot")
 
 _FIRED = re.compile(r"^(?P<point>[a-z-]+)\.fired-(?P<pid>\d+)-(?P<n>\d+)$")
 

@@ -91,6 +91,10 @@ def _task() -> tuple[int, int, int, int]:
     return int(tc.getLocalProperty("streaming.sql.batchId")), tc.partitionId(), tc.stageId(), tc.attemptNumber()
 
 
+#: Groups each task attempt of this Python process has seen (fail_mid_batches).
+_GROUPS: dict[tuple[int, int, int], int] = {}
+
+
 def tally(cfg: dict, key, pdfs, state):
     """Running total per key; notes where the task runs; stalls once if the stall marker exists."""
     import pandas as pd
@@ -102,6 +106,10 @@ def tally(cfg: dict, key, pdfs, state):
         n += len(pdf)
     state.update((total, n))
     batch, partition, stage, attempt = _task()
+    if attempt == 0 and batch in cfg["fail_mid_batches"]:
+        _GROUPS[(batch, partition, stage)] = seen = _GROUPS.get((batch, partition, stage), 0) + 1
+        if seen == 5:   # the state of four groups is in the store (and streamed to the worker) by now
+            raise RuntimeError(f"injected failure in the middle of a batch (batch {batch}, partition {partition})")
     executor = _executor_pid()
     Path(cfg["record"], f"b{batch}-p{partition}-s{stage}-a{attempt}-x{executor}").touch()
     _maybe_stall(cfg, executor)
@@ -157,7 +165,7 @@ class RunningTotals:
     """
 
     def __init__(self, spark: SparkSession, workdir: Path, *, seed: int, checkpoint: Path | None = None,
-                 options: dict | None = None, conf: dict | None = None, fail_batches=(),
+                 options: dict | None = None, conf: dict | None = None, fail_batches=(), fail_mid_batches=(),
                  keys: int = 24, rows: int = 16, timeout: float = 150):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -166,7 +174,7 @@ class RunningTotals:
         self.record.mkdir(exist_ok=True)
         self.stall_marker = self.workdir / "stall"
         self.cfg = {"record": str(self.record), "stall": str(self.stall_marker), "stall_seconds": 60.0,
-                    "fail_batches": sorted(fail_batches)}
+                    "fail_batches": sorted(fail_batches), "fail_mid_batches": sorted(fail_mid_batches)}
         self.inputs: list[list[dict]] = []
         self.rng = random.Random(seed)
         self.keys, self.rows = keys, rows

@@ -36,13 +36,16 @@ def private_spark_home(where: Path) -> Path:
 
 def session_conf(fault_dir: Path, pythonpath: str) -> dict[str, str]:
     java_opts = f"-Dlog4j2.configurationFile=file:{LOG4J}"
+    # every batch's changes stream to the worker in chunks of two rows while the task runs (docs/protocol.md,
+    # "Streamed commits"), so each fault below also meets a commit that was streamed
+    streamed = "-Dio.sparkstate.batchRows=2 -Dio.sparkstate.streamChunkBytes=1"
     return {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.memory": "1g",
         "spark.executor.memory": "1g",
         "spark.driver.extraJavaOptions": java_opts,
-        "spark.executor.extraJavaOptions": java_opts,
+        "spark.executor.extraJavaOptions": f"{java_opts} {streamed}",
         "spark.executorEnv.PYTHONPATH": pythonpath,
         "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
         "spark.executorEnv.SPARK_STATE_FAULT_DIR": str(fault_dir),

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.cluster.processes import executor_jvms, executor_of, wait_or_stop
 from tests.cluster.running_totals import RunningTotals
 from tests.cluster.stores import (assert_maintained, check_versions_load, stored_totals, unreferenced_now,
@@ -63,17 +65,19 @@ def test_executor_killed_while_a_task_runs_its_udf(cluster, tmp_path):
     assert_maintained(q.checkpoint)
 
 
-def test_executor_killed_between_a_data_file_and_its_manifest(cluster, tmp_path, faults):
-    """The worker sleeps after writing the data file of a commit; its executor is SIGKILLed meanwhile.
-    The data file left behind is collected by retention; no file a manifest names is touched."""
-    q = RunningTotals(cluster, tmp_path, seed=37)
+@pytest.mark.parametrize("point", ["commit-after-data", "stage-after-chunk"])
+def test_executor_killed_between_a_data_file_and_its_manifest(cluster, tmp_path, faults, point):
+    """The worker sleeps after writing the data file of a commit (or a chunk of a streamed commit, while the
+    task still runs); its executor is SIGKILLed meanwhile. The task is retried on the other executor; the
+    (partial) data file left behind is collected by retention; no file a manifest names is touched."""
+    q = RunningTotals(cluster, tmp_path, seed=37 if point == "commit-after-data" else 38)
     orphans = {}
 
     def find_victim(done):
-        if not wait_or_stop(lambda: bool(faults.fired("commit-after-data")), done, 150,
-                            "fault commit-after-data never fired (does the worker implement SPARK_STATE_FAULT_DIR?)"):
+        if not wait_or_stop(lambda: bool(faults.fired(point)), done, 150,
+                            f"fault {point} never fired (does the worker implement SPARK_STATE_FAULT_DIR?)"):
             return None
-        return executor_of(faults.fired("commit-after-data")[0])
+        return executor_of(faults.fired(point)[0])
 
     def on_last_batches(batch: int) -> None:
         if batch == TROUBLE_BATCH:
@@ -81,7 +85,7 @@ def test_executor_killed_between_a_data_file_and_its_manifest(cluster, tmp_path,
         if batch == BATCHES - 1:   # the query still runs: maintenance collects the leftovers
             wait_collected(q.checkpoint, orphans)
 
-    _run_and_kill(cluster, q, lambda: faults.arm("commit-after-data", "sleep:60"), find_victim, on_last_batches)
+    _run_and_kill(cluster, q, lambda: faults.arm(point, "sleep:60"), find_victim, on_last_batches)
     assert any(orphans.values()), "the killed commit left no data file behind; the test proved nothing"
     q.assert_exact()
     assert stored_totals(cluster, q.checkpoint) == q.totals()

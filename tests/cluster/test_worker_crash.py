@@ -2,7 +2,8 @@
 
 The worker's fault injection points stop it exactly between a data file and
 the manifest that names it (or after the manifest, before the reply; or between
-a compacted snapshot and its record). The shim starts a new worker and retries;
+a compacted snapshot and its record; or after a chunk of a streamed commit, while
+the task still runs: the shim sends the chunks again to the new worker). The shim starts a new worker and retries;
 state stays exact, the file left behind is collected by retention (with
 ``fileGracePeriod=0``) and no file a manifest names is ever deleted.
 """
@@ -25,6 +26,7 @@ ARM_AFTER = 1   # armed once batch 1 is done: the point fires in batch 2 (compac
 
 
 @pytest.mark.parametrize("point,action", [
+    ("stage-after-chunk", "exit"),
     ("commit-after-data", "exit"),
     ("commit-after-data", "sigkill"),
     ("commit-after-manifest", "exit"),

@@ -75,7 +75,7 @@ def test_protocol_version(java):
 
 def test_every_op_the_shim_sends_is_one_the_worker_dispatches(java):
     ops = [v for k, v in java["StoreClient"].items() if k.startswith("OP_")] + [java["WorkerConnection"]["OP_HELLO"]]
-    assert {"validate", "load", "commit", "abort", "maintenance", "hello"} <= set(ops)   # the holders were read
+    assert {"validate", "load", "stage", "commit", "abort", "maintenance", "hello"} <= set(ops)   # the holders were read
     missing = [op for op in ops if not callable(getattr(Dispatcher, f"op_{op}", None))]
     assert not missing, f"the shim sends ops the worker's Dispatcher does not have: {missing}"
 
@@ -83,6 +83,7 @@ def test_every_op_the_shim_sends_is_one_the_worker_dispatches(java):
 def test_the_error_kinds_the_shim_maps_are_worker_errors(java):
     kind = java["WorkerConnection"]["KIND_OPTION_ERROR"]
     assert getattr(errors, kind) is options.OptionError   # the worker sends type(err).__name__
+    assert getattr(errors, java["WorkerConnection"]["KIND_STREAM_LOST"]) is errors.StreamLost
 
 
 def test_the_classes_python_names_are_in_the_jar():

@@ -8,32 +8,46 @@ import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 
 /**
  * Typed changes (file format 2) encoded into an Arrow stream as they happen, as HDFS's provider writes
- * its delta file during the batch: commit only finishes and ships the stream. A key changed twice is
- * in it twice; {@link KeyFingerprints} tell whether that may have happened, so the worker dedups only
- * then. The stream and its Arrow memory are created at the first change.
+ * its delta file during the batch; every {@link ChangeStream#CHUNK_BYTES} of it is cut off and streamed
+ * to the worker (when the log has a {@link ChangeStream}), so commit ships only the rest. A key changed
+ * twice is in it twice; {@link KeyFingerprints} tell whether that may have happened, so the worker
+ * dedups only then. The stream and its Arrow memory are created at the first change.
  */
 final class ArrowChangeLog implements ChangeLog {
+  /** Rows a streaming log's first buffer is sized for: about a chunk. */
+  private static final long CHUNK_ROWS = 2L * ArrowCodec.BATCH_ROWS;
   private final TypedCodec codec;
   private final KeyHasher hasher;
   private final long expected;
+  private final ChangeStream stream;
   private TypedCodec.Encoder encoder;
   private KeyFingerprints keys;
 
-  /** {@code expected}: a guess of the batch's changes (sizes the stream and the fingerprints). */
-  ArrowChangeLog(TypedCodec codec, KeyHasher hasher, long expected) {
+  /**
+   * {@code expected}: a guess of the batch's changes (sizes the stream and the fingerprints);
+   * {@code stream}: where full chunks go during the batch (null: everything at commit).
+   */
+  ArrowChangeLog(TypedCodec codec, KeyHasher hasher, long expected, ChangeStream stream) {
     this.codec = codec;
     this.hasher = hasher;
     this.expected = expected;
+    this.stream = stream;
   }
 
   @Override
   public void add(UnsafeRow key, UnsafeRow value) {
     try {
       if (encoder == null) {
-        encoder = codec.newEncoder(expected, hasher);
+        // a streaming log's buffer holds one chunk (it leaves with it), not the whole batch
+        encoder = codec.newEncoder(stream == null ? expected : Math.min(expected, CHUNK_ROWS), hasher);
         keys = new KeyFingerprints(expected);
       }
       keys.add(encoder.add(key, value), key);
+      // a log that changed a key twice is read back whole by the worker: streaming more of it gains nothing
+      if (stream != null && !keys.repeated() && encoder.betweenBatches()
+          && encoder.encodedBytes() >= ChangeStream.CHUNK_BYTES) {
+        stream.send(encoder.cut((int) Math.min(ChangeStream.CHUNK_BYTES * 2, 1 << 26)));
+      }
     } catch (IOException e) {
       throw new UncheckedIOException("spark_state: cannot encode a change", e);
     }
@@ -47,6 +61,11 @@ final class ArrowChangeLog implements ChangeLog {
   @Override
   public boolean mayRepeatKeys() {
     return keys != null && keys.repeated();
+  }
+
+  @Override
+  public ChangeStream streamed() {
+    return stream == null || stream.chunks() == 0 ? null : stream;
   }
 
   @Override
@@ -66,6 +85,9 @@ final class ArrowChangeLog implements ChangeLog {
       encoder.close();
       encoder = null;
       keys = null;
+    }
+    if (stream != null) {
+      stream.discard();
     }
   }
 }

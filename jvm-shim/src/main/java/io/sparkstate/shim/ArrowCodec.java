@@ -31,7 +31,8 @@ import org.apache.spark.sql.types.StructType;
  * typed files). Only encoding and decoding; no storage logic.
  */
 final class ArrowCodec {
-  static final int BATCH_ROWS = 16384;
+  /** Rows per Arrow batch ({@code -Dio.sparkstate.batchRows}: tests cut tiny batches into several batches and chunks). */
+  static final int BATCH_ROWS = Math.max(1, Integer.getInteger("io.sparkstate.batchRows", 16384));
   /** A batch's key and value bytes stay well under the 2 GiB its 32-bit binary offsets can address. */
   static final long BATCH_BYTES = 256L << 20;
   private static final BufferAllocator ROOT = new RootAllocator(Long.MAX_VALUE);

@@ -5,9 +5,10 @@ import java.io.IOException;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 
 /**
- * The changes of one batch (key → new value, null = delete), recorded as they happen and shipped by
- * commit as one Arrow stream of docs/protocol.md. There is no undo: an aborted batch only closes its
- * log (the provider drops the map it changed). A delete may name a key that was absent before the
+ * The changes of one batch (key → new value, null = delete), recorded as they happen and shipped as
+ * Arrow streams of docs/protocol.md: typed logs stream full chunks to the worker while the batch runs
+ * ({@link ChangeStream}), and commit ships the rest. There is no undo: an aborted batch only closes its
+ * log (the provider drops the map it changed; the worker drops what was streamed). A delete may name a key that was absent before the
  * batch (put and removed in it); the worker drops deletes of unknown keys.
  *
  * <p>{@link RowFormat#newChangeLog} picks the implementation: {@link ArrowChangeLog} (typed rows,
@@ -25,10 +26,15 @@ interface ChangeLog extends AutoCloseable {
     return false;
   }
 
-  /** The changes as one Arrow stream; the log is closed. */
+  /** The changes not streamed yet, as one Arrow stream (all of them without a stream). */
   ArrowCodec.Body finish() throws IOException;
 
-  /** Frees what the log holds without encoding it; idempotent. Only on the thread that adds. */
+  /** The chunks already sent to the worker, which a commit completes with {@link #finish}; null: none. */
+  default ChangeStream streamed() {
+    return null;
+  }
+
+  /** Frees what the log holds without encoding it, dropping what was streamed; idempotent. Only on the thread that adds. */
   @Override
   void close();
 }

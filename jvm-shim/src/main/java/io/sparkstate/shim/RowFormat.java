@@ -31,9 +31,12 @@ record RowFormat(boolean typed, RowFormat.Encoding encoding, RowFormat.ChangeLog
     ArrowCodec.Body encode(Iterator<UnsafeRowPair> rows, long expected) throws IOException;
   }
 
-  /** Makes the change log of one batch ({@code expected}: a guess of its changes). */
+  /**
+   * Makes the change log of one batch ({@code expected}: a guess of its changes; {@code stream}: where a
+   * log that streams sends its chunks during the batch, or null).
+   */
   interface ChangeLogs {
-    ChangeLog newChangeLog(RowFormat format, long expected);
+    ChangeLog newChangeLog(RowFormat format, long expected, ChangeStream stream);
   }
 
   /** The format of a store with these schemas. */
@@ -45,12 +48,13 @@ record RowFormat(boolean typed, RowFormat.Encoding encoding, RowFormat.ChangeLog
   /** Typed rows, converted by {@code codec}. */
   static RowFormat typed(TypedCodec codec, KeyHasher hasher) {
     return new RowFormat(true, (rows, expected) -> codec.encode(rows, expected, hasher),
-        (format, expected) -> new ArrowChangeLog(codec, hasher, expected));
+        (format, expected, stream) -> new ArrowChangeLog(codec, hasher, expected, stream));
   }
 
   /** Opaque row bytes. */
   static RowFormat opaque(KeyHasher hasher) {
-    return new RowFormat(false, (rows, expected) -> ArrowCodec.encodeOpaque(rows, expected, hasher), MapChangeLog::new);
+    return new RowFormat(false, (rows, expected) -> ArrowCodec.encodeOpaque(rows, expected, hasher),
+        (format, expected, stream) -> new MapChangeLog(format, expected));
   }
 
   /** The same format with other change logs (a benchmark variant). */
@@ -58,9 +62,9 @@ record RowFormat(boolean typed, RowFormat.Encoding encoding, RowFormat.ChangeLog
     return new RowFormat(typed, encoding, other);
   }
 
-  /** The change log of one batch ({@code expected}: a guess of its changes). */
-  ChangeLog newChangeLog(long expected) {
-    return changeLogs.newChangeLog(this, expected);
+  /** The change log of one batch ({@code expected}: a guess of its changes; {@code stream}: see ChangeLogs). */
+  ChangeLog newChangeLog(long expected, ChangeStream stream) {
+    return changeLogs.newChangeLog(this, expected, stream);
   }
 
   /** Encodes rows (null value = delete) as one Arrow stream ({@code expected}: about how many). */

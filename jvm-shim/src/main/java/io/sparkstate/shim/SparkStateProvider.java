@@ -205,8 +205,9 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     long restarts = client.restarts();
     refreshLive(version);
     live.rows.endBatch();
-    open = new SparkStateStore(this, live, format.newChangeLog(Math.min(lastChanges, MAX_EXPECTED_CHANGES)),
-        unreportedLoadMs, restarts);
+    ChangeLog changes = format.newChangeLog(Math.min(lastChanges, MAX_EXPECTED_CHANGES),
+        new ChangeStream(client, version + 1));
+    open = new SparkStateStore(this, live, changes, unreportedLoadMs, restarts);
     unreportedLoadMs = 0;
     return open;
   }
@@ -390,18 +391,22 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     boolean repeatedKeys = !whole && changes.mayRepeatKeys();
     long changed = changes.size();
     ArrowCodec.Body body;
+    ChangeStream streamed = null;
     try {
       if (whole) {
         changes.close();
         body = format.encode(base.rows.iterator(), base.rows.size());
       } else {
+        streamed = changes.streamed();
         body = changes.finish();
       }
     } catch (IOException e) {
       throw new UncheckedIOException("spark_state: cannot encode the changes of " + this, e);
     }
-    StoreClient.Committed reply = client.commit(newVersion, base.commitId, storeConf.minVersionsToRetain(),
-        whole, repeatedKeys, body);
+    int minVersions = storeConf.minVersionsToRetain();
+    StoreClient.Committed reply = streamed != null
+        ? streamed.commit(base.commitId, minVersions, repeatedKeys, body)
+        : client.commit(newVersion, base.commitId, minVersions, whole, repeatedKeys, null, 0, body);
     SparkCompat.reportCommitIfValidating(storeConf, newVersion, stateStoreId, hadoopConf);
     noteMaintenance(reply.maintenance);
     synchronized (this) {
@@ -429,7 +434,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
       // The worker may hold part of version+1: tell it to drop it (best effort).
       long version = store.version() + 1;
       try {
-        client.abort(version);
+        client.abort(version, null);
       } catch (RuntimeException e) {
         LOG.warn("spark_state: abort of version {} of {} failed: {}", version, stateStoreId, e.toString());
       }
@@ -465,7 +470,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
       Option<String> startStateStoreCkptId, Option<String> endStateStoreCkptId) {
     checkVersion(snapshotVersion, startStateStoreCkptId);
     checkVersion(endVersion, endStateStoreCkptId);
-    return new SparkStateStore(this, history().replay(snapshotVersion, endVersion), format.newChangeLog(0), 0,
+    return new SparkStateStore(this, history().replay(snapshotVersion, endVersion), format.newChangeLog(0, null), 0,
         client.restarts());
   }
 

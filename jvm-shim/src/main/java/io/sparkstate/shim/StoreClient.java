@@ -25,6 +25,7 @@ import org.apache.spark.sql.execution.streaming.state.StateStoreId;
 final class StoreClient {
   static final String OP_VALIDATE = "validate";
   static final String OP_LOAD = "load";
+  static final String OP_STAGE = "stage";
   static final String OP_COMMIT = "commit";
   static final String OP_ABORT = "abort";
   static final String OP_MAINTENANCE = "maintenance";
@@ -158,12 +159,26 @@ final class StoreClient {
   }
 
   /**
+   * {@code stage}: chunk {@code seq} (from 0) of {@code version}'s changes, streamed as {@code stream}
+   * while the batch runs; the worker writes it into the data file the commit will name.
+   */
+  void stage(long version, String stream, int seq, ArrowCodec.Body chunk) {
+    ObjectNode h = request(OP_STAGE);
+    h.put("version", version);
+    h.put("stream", stream);
+    h.put("seq", seq);
+    send(h, chunk, null);
+  }
+
+  /**
    * {@code commit}: makes {@code version} durable, built on {@code baseCommitId} (storage's commit of
    * version-1, null for version 1; the worker refuses a stale one). {@code whole}: the body is the
-   * whole state, not changes; {@code repeatedKeys}: the changes may name a key more than once.
+   * whole state, not changes; {@code repeatedKeys}: the changes may name a key more than once;
+   * {@code stream} (null: none): the changes begin with the {@code chunks} chunks staged as it, and the
+   * body is the rest ({@link WorkerConnection.StreamLost} when the worker does not hold them).
    */
   Committed commit(long version, String baseCommitId, int minVersionsToRetain, boolean whole, boolean repeatedKeys,
-      ArrowCodec.Body body) {
+      String stream, int chunks, ArrowCodec.Body body) {
     ObjectNode h = request(OP_COMMIT);
     if (whole) {
       h.put("full", true);
@@ -171,16 +186,26 @@ final class StoreClient {
     if (repeatedKeys) {
       h.put("repeatedKeys", true);
     }
+    if (stream != null) {
+      h.put("stream", stream);
+      h.put("chunks", chunks);
+    }
     h.put("version", version);
     h.put("baseCommitId", baseCommitId);
     h.put("minVersionsToRetain", minVersionsToRetain);
     return new Committed(send(h, body, null));
   }
 
-  /** {@code abort}: the worker drops what it may hold of an uncommitted {@code version}. */
-  void abort(long version) {
+  /**
+   * {@code abort}: the worker drops what it may hold of an uncommitted {@code version}: the chunks
+   * streamed as {@code stream} (null: none) and files no manifest names.
+   */
+  void abort(long version, String stream) {
     ObjectNode h = request(OP_ABORT);
     h.put("version", version);
+    if (stream != null) {
+      h.put("stream", stream);
+    }
     send(h, null, null);
   }
 

@@ -106,10 +106,10 @@ final class TypedCodec {
    */
   final class Encoder implements AutoCloseable {
     private final KeyHasher hasher;
-    private final ArrowCodec.Body bytes;
+    private ArrowCodec.Body bytes;
     private final ArrowWriter arrow;
     private final VectorSchemaRoot root;
-    private final ArrowStreamWriter writer;
+    private ArrowStreamWriter writer;
     private final IntVector kg;
     private final IntVector hash;
     private final FlatStructWriter key;
@@ -165,6 +165,32 @@ final class TypedCodec {
     /** Rows added so far. */
     long rows() {
       return rows;
+    }
+
+    /** Bytes of the stream so far (its full batches; the rows of the open batch are not encoded yet). */
+    long encodedBytes() {
+      return bytes.size();
+    }
+
+    /** Whether every row added is in a full batch of the stream (the moment a {@link #cut} may happen). */
+    boolean betweenBatches() {
+      return n == 0;
+    }
+
+    /**
+     * Ends the stream so far and returns its bytes (a complete Arrow stream), and starts a new stream for
+     * the rows after: a change log ships its changes as a sequence of such chunks. Only between batches.
+     */
+    ArrowCodec.Body cut(int nextBytes) throws IOException {
+      if (n != 0) {
+        throw new IllegalStateException("spark_state: a stream is cut only between batches");
+      }
+      writer.end();
+      ArrowCodec.Body done = bytes;
+      bytes = new ArrowCodec.Body(nextBytes);
+      writer = new ArrowStreamWriter(root, null, bytes);
+      writer.start();
+      return done;
     }
 
     private void flush() throws IOException {

@@ -29,6 +29,8 @@ final class WorkerConnection {
   static final String OP_HELLO = "hello";
   /** The error kind of a bad option value: the user's {@link IllegalArgumentException}. */
   static final String KIND_OPTION_ERROR = "OptionError";
+  /** The error kind of a streamed commit whose chunks the worker does not hold: {@link StreamLost}. */
+  static final String KIND_STREAM_LOST = "StreamLost";
   private static final ObjectMapper JSON = new ObjectMapper();
   private static final long MAX_REPLY_HEADER = 64L << 20;
 
@@ -120,10 +122,21 @@ final class WorkerConnection {
   /** The exception an error reply {@code {"ok": false, "kind": ..., "error": ...}} becomes. */
   private static RuntimeException error(JsonNode reply) {
     String msg = "spark_state: " + reply.path("error").asText("(no message)");
-    if (KIND_OPTION_ERROR.equals(reply.path("kind").asText())) {
+    String kind = reply.path("kind").asText();
+    if (KIND_OPTION_ERROR.equals(kind)) {
       return new IllegalArgumentException(msg);
     }
+    if (KIND_STREAM_LOST.equals(kind)) {
+      return new StreamLost(msg);
+    }
     return new IllegalStateException(msg);
+  }
+
+  /** The worker does not hold the chunks a streamed commit names (restarted since): they are sent again. */
+  static final class StreamLost extends IllegalStateException {
+    StreamLost(String message) {
+      super(message);
+    }
   }
 
   /** Exposes exactly {@code remaining} bytes of the connection; close() does not close it. */
