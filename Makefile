@@ -13,7 +13,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-cluster install shim bench bench-quick bench-rescale bench-typed clean wheel dist docs test-compat
+.PHONY: demo test test-fast test-cluster install shim bench bench-quick bench-rescale bench-typed clean wheel dist docs test-compat soak
 
 demo: install
 	$(PY) -m spark_state.demo
@@ -76,6 +76,13 @@ bench-rescale: install
 
 bench-typed: install
 	$(PY) -m benchmarks.typed_files
+
+# The chaos soak (issue 27; benchmarks/soak): MINUTES of faults on two executors with state on S3 behind a
+# fault-injecting proxy, then the end checks; report in benchmarks/results/soak/. Not part of make test
+# (tests/cluster/test_soak_smoke.py runs a short one there).
+MINUTES ?= 60
+soak: install
+	$(PY) -m benchmarks.soak --minutes $(MINUTES) --out benchmarks/results/soak
 
 clean:
 	rm -rf $(VENV) jvm-shim/build build dist .pytest_cache .hypothesis

@@ -165,11 +165,24 @@ def cast_positional(table: pa.Table, target: pa.Schema) -> pa.Table:
         if column.type != field.type and _shape(column.type) == _shape(field.type):
             # Only names or nullability differ, at any depth: relabel the same buffers. (Arrow's cast matches
             # struct fields by name, also below lists and maps, and would null renamed fields.)
-            column = pa.chunked_array([chunk.view(field.type) for chunk in column.chunks], field.type)
+            column = pa.chunked_array([_relabel(chunk, field.type) for chunk in column.chunks], field.type)
         elif pa.types.is_struct(field.type) and column.type != field.type:
             column = pa.chunked_array([_struct_as(chunk, field.type) for chunk in column.chunks], field.type)
         columns.append(column.cast(field.type) if column.type != field.type else column)
     return pa.Table.from_arrays(columns, schema=target)
+
+
+def _relabel(array: pa.Array, target: pa.DataType) -> pa.Array:
+    """``array``'s buffers under ``target``'s field names and nullability (same layout, ``_shape``).
+
+    A struct is rebuilt from its relabelled children under its own validity: Arrow's ``view`` refuses a
+    child with nulls that ``target`` declares non-nullable, and a delta's deleted rows (a null value struct)
+    have such nulls in the value's children even where the query's schema says ``not null``."""
+    if pa.types.is_struct(target):
+        children = [_relabel(array.field(i), target.field(i).type) for i in range(target.num_fields)]
+        return pa.StructArray.from_arrays(children, fields=list(target),
+                                          mask=array.is_null() if array.null_count else None)
+    return array if array.type == target else array.view(target)
 
 
 def _struct_as(array: pa.StructArray, target: pa.StructType) -> pa.StructArray:

@@ -10,6 +10,7 @@ or power loss, not only the worker or executor dying.
 from __future__ import annotations
 
 import errno
+import inspect
 import logging
 import os
 from contextlib import contextmanager
@@ -228,18 +229,28 @@ class FileSystemCheckpointStorage(CheckpointStorage):
 
     def list_records(self, name: str = MANIFEST_NAME) -> dict[int, str]:
         try:
-            found = self.fs.glob(self._full(f"chk-*/{name}"), detail=True)
+            found = self._find_records(name)
         except FileNotFoundError:
             return {}
         out = {}
         for path, info in found.items():
-            version = version_dir_of(path.rstrip("/").split("/")[-2])
+            parts = path.rstrip("/").split("/")
+            version = version_dir_of(parts[-2]) if len(parts) > 1 and parts[-1] == name else None
             if version is None:
                 continue
             stamp = [info.get("size"), info.get("mtime"), info.get("created"), info.get("ino"),
                      info.get("ETag") or info.get("etag"), info.get("LastModified") or info.get("updated")]
             out[version] = ":".join(str(s) for s in stamp)
         return out
+
+    def _find_records(self, name: str) -> dict[str, dict]:
+        """Every ``chk-*/<name>`` with its details. On an object store whose fsspec filesystem lists by key prefix
+        (s3fs, gcsfs) that is one listing of the keys under ``chk-``; ``glob`` would list every ``chk-N/``
+        "directory" on its own, a request per version, which retention and every tool pay on each run."""
+        if self._object_store and "prefix" in inspect.signature(self.fs.find).parameters:
+            found = self.fs.find(self._base, prefix="chk-", detail=True)
+            return {p: info for p, info in found.items() if p.endswith(f"/{name}")}
+        return self.fs.glob(self._full(f"chk-*/{name}"), detail=True)
 
     def list_files(self, prefix: str = SHARED_DIR) -> list[str]:
         base = self._full(prefix.strip("/"))

@@ -171,3 +171,36 @@ def test_read_state_names_repeated_struct_fields_apart_and_keeps_their_values():
     named = _as(t, _unique_names(t.schema))
     assert named.schema.field("value").type.names == ["sum", "sum_2", "last"]
     assert named.column("value").to_pylist() == [{"sum": 1, "sum_2": 3, "last": "x"}, {"sum": 2, "sum_2": 4, "last": "y"}]
+
+
+def test_a_chain_whose_schema_changed_nullability_loads_with_deletes_in_its_deltas():
+    """Found by the soak (benchmarks/soak): a stream-stream join restored from a savepoint declares its state
+    with other nullability than the files it restores (``oid string not null`` then ``oid string``). A delta
+    that deleted rows holds a null value struct whose non-nullable children are null there too; relabelling
+    it to the newest schema with Arrow's ``view`` failed ("nulls in input cannot be viewed as non-nullable"),
+    so every load of that store failed and the query could never run again."""
+    key = pa.struct([pa.field("k", pa.string(), False)])
+    strict = pa.struct([pa.field("oid", pa.string(), False), pa.field("lt", pa.timestamp("us", "UTC"), False),
+                        pa.field("matched", pa.bool_())])
+    loose = pa.struct([pa.field("oid", pa.string()), pa.field("lt", pa.timestamp("us", "UTC"), False),
+                       pa.field("matched", pa.bool_())])
+
+    def rows(pairs, value_type):
+        """Changes as the shim writes them: a deleted row's value is null, and so are its children."""
+        t = typed_changes(pairs, key, value_type, hash_of=lambda k: len(k["k"]), max_parallelism=M)
+        deleted = pa.array([v is None for _, v in pairs])
+        children = [pa.array([None if v is None else v[f.name] for _, v in pairs], f.type) for f in value_type]
+        values = pa.StructArray.from_arrays(children, fields=list(value_type), mask=deleted)
+        return t.set_column(t.schema.get_field_index("value"), t.schema.field("value"), values)
+
+    a, b, c = {"k": "a"}, {"k": "bb"}, {"k": "ccc"}
+    value = {"oid": "o1", "lt": T0, "matched": False}
+    with tempfile.TemporaryDirectory() as tmp:
+        store = store_on(f"file://{tmp}/s", snapshot_interval=100)
+        c1 = store.commit(1, rows([(a, value), (b, value)], strict))
+        c2 = store.commit(2, rows([(a, None), (c, value)], strict), base_commit_id=c1.commit_id)   # a delete
+        store.commit(3, rows([(b, {**value, "matched": True})], loose), base_commit_id=c2.commit_id)
+        loaded = store_on(f"file://{tmp}/s", snapshot_interval=100).load(3)
+        assert loaded.schema.field("value").type == loose
+        state = {k["k"]: v for k, v in zip(loaded.column("key").to_pylist(), loaded.column("value").to_pylist())}
+        assert state == {"bb": {**value, "matched": True}, "ccc": value}

@@ -27,13 +27,13 @@ HOSTS = ("127.0.0.1", "127.0.0.2")
 MASTER_HOST = HOSTS[0]
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL this process when the test process ends."""
+def die_with_parent() -> None:
+    """In the child, before exec: SIGKILL this process when the process that started it ends."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -55,7 +55,7 @@ class StandaloneCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.spark_home = Path(pyspark.__file__).parent
         self.log4j, self.cores, self.memory = log4j, cores, memory
-        self.port = _free_port(MASTER_HOST)
+        self.port = free_port(MASTER_HOST)
         self.url = f"spark://{MASTER_HOST}:{self.port}"
         self.master: subprocess.Popen | None = None
         self.workers: list[subprocess.Popen] = []
@@ -66,7 +66,7 @@ class StandaloneCluster:
                "-cp", f"{self.spark_home}/conf:{self.spark_home}/jars/*", main, *args]
         log = open(self.workdir / f"{name}.log", "w")
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=die_with_parent)
 
     def start(self, env: dict, timeout: float = 120) -> "StandaloneCluster":
         """Starts the master, waits until it listens, starts the workers (``env``: theirs and their executors')."""

@@ -180,3 +180,29 @@ def test_memory_registry_is_shared_and_lost_with_the_process(tmp_path):
 def test_format_versions():
     assert format_versions([1, 2, 3, 5, 7, 8]) == "1-3, 5, 7-8"
     assert format_versions([]) == "none"
+
+
+def test_listing_versions_on_s3_is_one_request_not_one_per_version():
+    """Found by the soak (benchmarks/soak): on S3 ``glob("chk-*/_metadata")`` lists every ``chk-N/`` on its own,
+    so every retention run and every tool paid a request per retained version (24 versions: 10 s through
+    the soak's proxy). One listing of the keys under ``chk-`` finds the same records."""
+    import uuid
+
+    from tests.support import s3_server
+
+    s3_server.start()
+    bucket = f"list-{uuid.uuid4().hex[:8]}"
+    s3_server.make_bucket(bucket)
+    storage = FileSystemCheckpointStorage(f"s3://{bucket}/store")
+    for version in range(1, 13):
+        storage.write_file(storage.new_file_path(version, "delta"), b"data")
+        storage.commit_manifest(version, f"m{version}".encode())
+        if version % 4 == 0:
+            storage.commit_record(version, "_snapshot", b"record")
+    storage.write_file("chk-13/_metadata.tmp-abc", b"a temporary name is no record")
+    lists = []
+    storage.fs.s3.meta.events.register("before-call.s3.ListObjectsV2", lambda **kw: lists.append(kw))
+    assert storage.list_versions() == list(range(1, 13))
+    assert len(lists) == 1, f"{len(lists)} listings for 12 versions"
+    assert sorted(storage.list_records("_snapshot")) == [4, 8, 12]
+    assert storage.read_manifest(7) == b"m7"
