@@ -107,13 +107,12 @@ class Committer:
         if version < 1:
             raise ProtocolError(f"cannot commit version {version} of {ctx.name}: versions start at 1.")
         check_max_parallelism(ctx.settings.max_parallelism)
+        changes = self.valid_changes(changes, repeated_keys and staged is None)
         if staged is not None:
-            changes = self.valid_changes(changes)
             deletes = staged.deletes + changes.column("value").null_count
             if full or repeated_keys or not staged.rows or (staged.kind == SNAPSHOT and deletes):
                 # the file as streamed cannot be this version's: a key in it twice, deletes in a snapshot, no rows
-                changes, staged = staged.take_back(changes), None
-        changes = self.valid_changes(changes, repeated_keys)
+                changes, staged = self.valid_changes(staged.take_back(changes), repeated_keys), None
         with ctx.locks.lock:
             if self.compactor.blocker is not None:
                 raise self.compactor.blocker

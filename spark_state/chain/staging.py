@@ -74,9 +74,9 @@ class StagedCommit:
         return True
 
     def finish(self, tail: pa.Table):
-        """Appends the last changes and completes the file (durable when it returns); what its manifest entry
-        records (``datafile.StreamedFile``)."""
-        tail = self._checked(tail)
+        """Appends the last changes (`tail`, as the commit validated them) and completes the file (durable when it
+        returns); what its manifest entry records (``datafile.StreamedFile``)."""
+        tail = self._typed(tail)
         with self._lock:
             self._check_open()
             self._done = True
@@ -114,7 +114,9 @@ class StagedCommit:
         return pa.concat_tables(align([rows, tail.select(rows.column_names)]))
 
     def _checked(self, changes: pa.Table) -> pa.Table:
-        changes = self._validate(changes)
+        return self._typed(self._validate(changes))
+
+    def _typed(self, changes: pa.Table) -> pa.Table:
         if changes.num_rows and not is_typed(changes):
             raise ProtocolError(f"streamed changes of {self.ctx.name} must be typed (file format 2); opaque rows "
                                 f"are sent whole with the commit")
