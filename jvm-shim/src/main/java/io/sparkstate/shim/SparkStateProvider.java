@@ -10,6 +10,7 @@ import java.util.concurrent.locks.ReentrantReadWriteLock;
 
 import org.apache.hadoop.conf.Configuration;
 import org.apache.spark.TaskContext;
+import org.apache.spark.util.TaskCompletionListener;
 import org.apache.spark.sql.execution.streaming.state.KeyStateEncoderSpec;
 import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpec;
 import org.apache.spark.sql.execution.streaming.state.PrefixKeyScanStateEncoderSpec;
@@ -78,6 +79,11 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
   private long lastChanges;
   /** The store opened by getStore and not yet committed or aborted. Guarded by {@code this}. */
   private SparkStateStore open;
+  /**
+   * Spark closed (unloaded) this provider; {@link #live} is closed as soon as no store uses it. Guarded by
+   * {@code this}.
+   */
+  private boolean closed;
   /** Time spent loading {@link #live} not yet reported by a store's metrics. Guarded by {@code this}. */
   private long unreportedLoadMs;
   /** The version this provider last loaded or committed (-1: none); maintenance retains around it. */
@@ -419,6 +425,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
       if (open == store) {
         open = null;
       }
+      closeLiveIfUnused();
     }
     return reply.bytes;
   }
@@ -430,6 +437,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     if (open == store) {
       open = null;
     }
+    closeLiveIfUnused();
     if (commitSent) {
       // The worker may hold part of version+1: tell it to drop it (best effort).
       long version = store.version() + 1;
@@ -538,15 +546,34 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     return client.restarts();
   }
 
+  /**
+   * Spark unloads a provider from its maintenance thread when the coordinator lists the store as active
+   * elsewhere (a task moved, a speculative copy, an executor that came back), or when its query stops,
+   * and a task of this executor may still be running on it: its store keeps working, and commits or
+   * aborts as usual, and the rows are closed when its task ends. (A read store opened alone, with no write
+   * store in its task, still loses its rows here.)
+   */
   @Override
   public synchronized void close() {
-    if (open != null) {
-      open.markAborted();
-      open = null;
+    closed = true;
+    closeLiveIfUnused();
+  }
+
+  /**
+   * Closes the rows of a closed provider once its store committed or aborted: at the end of the task when
+   * one runs (Spark reads a committed store's rows and metrics after commit), else now.
+   */
+  private void closeLiveIfUnused() {
+    if (!closed || open != null || live == null) {
+      return;
     }
-    if (live != null) {
-      live.rows.close();
-      live = null;
+    StateMap rows = live.rows;
+    live = null;
+    TaskContext ctx = TaskContext.get();
+    if (ctx != null && !ctx.isCompleted()) {
+      ctx.addTaskCompletionListener((TaskCompletionListener) done -> rows.close());
+    } else {
+      rows.close();
     }
   }
 
