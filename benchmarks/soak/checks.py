@@ -240,6 +240,29 @@ def unreferenced(world, checkpoint: Path, options: dict) -> set[str]:
     return out
 
 
+def store_listing(world, checkpoint: Path, options: dict, small: int = 1 << 16) -> dict[str, dict]:
+    """Every object of every store of the checkpoint (partitions beyond today's count included), by store id:
+    the bodies of small records (manifests, compaction and reference records), the sizes of the others.
+    Written beside the report when the orphan check fails, as the soak's S3 storage ends with the run."""
+    ckpt = SparkCheckpoint(str(checkpoint), _settings(options))
+    counts = {ckpt.num_partitions(b) for b in ckpt.offset_batches}
+    listing: dict[str, dict] = {}
+    for sid in sorted(_sids(ckpt, max(counts) + PROBED_PARTITIONS), key=str):
+        root = ckpt.store_root(sid)
+        prefix = root.split(f"s3://{_bucket(root)}/", 1)[-1].rstrip("/") + "/"
+        objects = {}
+        for obj in world.objects(prefix):
+            key = obj["Key"]
+            if key.endswith((".json", "/_metadata", "/_snapshot")) and obj["Size"] <= small:
+                body = world.s3().get_object(Bucket=_bucket(root), Key=key)["Body"].read()
+                objects[key[len(prefix):]] = body.decode("utf-8", "replace")
+            else:
+                objects[key[len(prefix):]] = obj["Size"]
+        if objects:
+            listing[f"{sid} ({root})"] = objects
+    return listing
+
+
 def orphans(first: set[str], second: set[str], waited_s: float, grace_s: float) -> tuple[int, list[str]]:
     """Files retention may delete at both looks, ``waited_s`` (more than the grace period) apart: orphans."""
     left = sorted(first & second)

@@ -251,6 +251,9 @@ def _end_checks(cfg: Settings, world: World, queries: dict, ticks: int, out: Pat
         problems[f"{name}: orphans"] = found
         results["queries"][name] = {"orphans": count, "unreferenced_first_look":
                                   len(first[name]) if isinstance(first[name], set) else None}
+        if count:   # the S3 server's storage is gone after the run: keep what settles whether they are orphans
+            evidence = _guarded(lambda: checks.store_listing(world, queries[name].checkpoint, world.tool_options), {})
+            (out / f"orphans-{name}.json").write_text(json.dumps(evidence, indent=1, sort_keys=True))
     for q in queries.values():
         q.stop()
 
