@@ -22,6 +22,7 @@ import json
 import os
 import random
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +93,7 @@ class Injector:
         self.log_path, self.burst_s = log_path, burst_s
         self.events: list[Event] = []
         self.burst_until = 0.0
+        self._burst_lock = threading.Lock()   # the burst's timer thread and the soak's loop both end bursts
         self.partitions = {name: 2 for name in queries}
 
     # ----------------------------------------------------------------- bookkeeping
@@ -113,15 +115,18 @@ class Injector:
         return event
 
     def tick(self) -> None:
-        """Ends an S3 burst whose time is up."""
-        if self.burst_until and time.time() > self.burst_until:
-            self.world.proxy.set(self.base_rate)
-            self.burst_until = 0.0
+        """Ends an S3 burst whose time is up (also called from the burst's own timer: a fault that takes
+        minutes, such as a rescale, must not keep a burst going for that long)."""
+        with self._burst_lock:
+            if self.burst_until and time.time() >= self.burst_until:
+                self.world.proxy.set(self.base_rate)
+                self.burst_until = 0.0
 
     def quiet(self) -> None:
         """No more S3 faults, no armed fault point left (the end checks read storage)."""
-        self.world.proxy.set(0.0)
-        self.burst_until = 0.0
+        with self._burst_lock:
+            self.world.proxy.set(0.0)
+            self.burst_until = 0.0
         for p in self.world.faults.armed():
             try:
                 (self.world.faults.root / p).unlink()
@@ -182,8 +187,12 @@ class Injector:
         return "the next task to end after its commit fails"
 
     def _s3_burst(self) -> str:
-        self.world.proxy.set(BURST_RATE)
-        self.burst_until = time.time() + self.burst_s
+        with self._burst_lock:
+            self.world.proxy.set(BURST_RATE)
+            self.burst_until = time.time() + self.burst_s
+        timer = threading.Timer(self.burst_s + 0.1, self.tick)
+        timer.daemon = True
+        timer.start()
         return f"{BURST_RATE:.0%} of S3 requests fail or stall for {self.burst_s:g}s"
 
     # ----------------------------------------------------------------- queries
