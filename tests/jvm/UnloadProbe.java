@@ -6,6 +6,7 @@ import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
 import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpec;
+import org.apache.spark.sql.execution.streaming.state.ReadStateStore;
 import org.apache.spark.sql.execution.streaming.state.StateStore;
 import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
 import org.apache.spark.sql.execution.streaming.state.StateStoreId;
@@ -19,7 +20,8 @@ import org.apache.spark.sql.types.StructType;
 /**
  * A provider closed (unloaded by Spark's maintenance thread) while a task's store is open on it; for
  * tests/jvm/test_provider_unload.py. Args: checkpoint dir, Python. Prints {@code COMMITTED <version>},
- * {@code ABORTED}, and {@code LOADED <rows> <sum>} of the last version as a new provider loads it.
+ * {@code ABORTED}, {@code READ} (what a read store whose provider closed reads) and {@code LOADED <rows> <sum>}
+ * of the last version as a new provider loads it.
  */
 public class UnloadProbe {
   static final StructType KEY = new StructType().add("k", DataTypes.LongType, false);
@@ -56,6 +58,13 @@ public class UnloadProbe {
     q.close();
     s.abort();
     System.out.println("ABORTED");
+    // a read store (Spark's aggregation reads a version, then upgrades the read to a write store) whose
+    // provider is closed before it reads
+    StateStoreProvider r = provider(args[0], args[1]);
+    ReadStateStore read = r.getReadStore(2, scala.Option.empty());
+    r.close();
+    System.out.println("READ " + read.get(key(1), CF).getLong(0) + " " + (read.get(key(0), CF) == null));
+    read.abort();
     StateStoreProvider fresh = provider(args[0], args[1]);
     System.out.println("LOADED " + digest(fresh.getStore(2, scala.Option.empty(), false, false)));
     System.exit(0);

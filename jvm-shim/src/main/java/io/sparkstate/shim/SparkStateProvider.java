@@ -79,6 +79,8 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
   private long lastChanges;
   /** The store opened by getStore and not yet committed or aborted. Guarded by {@code this}. */
   private SparkStateStore open;
+  /** Read stores sharing {@link #live}'s rows, not yet released. Guarded by {@code this}. */
+  private int liveReaders;
   /**
    * Spark closed (unloaded) this provider; {@link #live} is closed as soon as no store uses it. Guarded by
    * {@code this}.
@@ -223,6 +225,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     checkVersion(version, uniqueId);
     if (open == null) {
       refreshLive(version);
+      liveReaders++;
       return new SparkStateReadStore(this, live, false);
     }
     // A write store is open: read a private copy so it cannot see uncommitted changes.
@@ -546,12 +549,18 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     return client.restarts();
   }
 
+  /** A read store sharing {@link #live}'s rows is done with them (released, aborted, or its task ended). */
+  synchronized void released(SparkStateReadStore store) {
+    liveReaders--;
+    closeLiveIfUnused();
+  }
+
   /**
    * Spark unloads a provider from its maintenance thread when the coordinator lists the store as active
    * elsewhere (a task moved, a speculative copy, an executor that came back), or when its query stops,
-   * and a task of this executor may still be running on it: its store keeps working, and commits or
-   * aborts as usual, and the rows are closed when its task ends. (A read store opened alone, with no write
-   * store in its task, still loses its rows here.)
+   * and a task of this executor may still be running on it (reading a version, then writing it: Spark's
+   * aggregation opens a read store and upgrades it): its stores keep working, commit or abort as usual,
+   * and the rows are closed when the last of them is done.
    */
   @Override
   public synchronized void close() {
@@ -560,11 +569,11 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
   }
 
   /**
-   * Closes the rows of a closed provider once its store committed or aborted: at the end of the task when
-   * one runs (Spark reads a committed store's rows and metrics after commit), else now.
+   * Closes the rows of a closed provider once no store uses them: at the end of the task when one runs
+   * (Spark reads a committed store's rows and metrics after commit), else now.
    */
   private void closeLiveIfUnused() {
-    if (!closed || open != null || live == null) {
+    if (!closed || open != null || liveReaders > 0 || live == null) {
       return;
     }
     StateMap rows = live.rows;
