@@ -96,7 +96,7 @@ class Compactor:
         record_sent = False
         try:
             state = self.reader.read(chain[0], None) if self._image_only(chain) else \
-                merge_chain([self.reader.read(entry, None) for entry in chain])
+                merge_chain(self.reader.read_chain(chain, None))
             if self._image_only(chain):
                 encoded, entry = None, chain[0]
             else:

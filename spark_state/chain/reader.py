@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +33,21 @@ from spark_state.storage.base import CheckpointStorage
 from spark_state.storage.layout import COMPACTION_NAME, manifest_path, record_path
 
 log = logging.getLogger(__name__)
+
+#: Files of one chain read at once from remote storage: a load or compaction on an object store waits about
+#: one round trip per this many files instead of one per file, and a stalled request holds up one of them.
+READ_AHEAD = 8
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _read_pool() -> ThreadPoolExecutor:
+    """One pool for the process, made on first use (it only waits on storage; nothing in it waits on it)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="spark-state-read")
+        return _pool
 
 
 @dataclass(frozen=True)
@@ -144,7 +161,7 @@ class ChainReader:
             self.check_parallelism(manifest)
             wanted = None if key_groups is None else as_key_group_array(key_groups, manifest.max_parallelism)
             try:
-                tables = [self.read(entry, wanted) for entry in chain]
+                tables = self.read_chain(chain, wanted)
             except StorageError:
                 self._raise_if_dropped(version)
                 raise
@@ -181,7 +198,7 @@ class ChainReader:
             if image is None:
                 return self.load_checked(version, known_commit_id, ordered=False)
             try:
-                changes = fold_changes([self.read(entry, None) for entry in chain[1:]])
+                changes = fold_changes(self.read_chain(chain[1:], None))
             except StorageError:
                 self._raise_if_dropped(version)
                 raise
@@ -222,6 +239,13 @@ class ChainReader:
             raise self.ctx.storage.version_not_found(version) from None
 
     # ------------------------------------------------------------- data files
+
+    def read_chain(self, entries, key_groups: np.ndarray | None) -> list[pa.Table]:
+        """The rows of each entry, in order (``read``); from remote storage up to READ_AHEAD files at once."""
+        entries = list(entries)
+        if len(entries) < 2 or not self.ctx.storage.remote:
+            return [self.read(entry, key_groups) for entry in entries]
+        return list(_read_pool().map(lambda entry: self.read(entry, key_groups), entries))
 
     def read(self, entry: FileEntry, key_groups: np.ndarray | None) -> pa.Table:
         """The rows of one chain entry (all, or only `key_groups`), verified as read."""

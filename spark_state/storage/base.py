@@ -25,6 +25,9 @@ class CheckpointStorage(ABC):
     """Files of one store (one operator, partition and store name), addressed relative to its root."""
 
     kind: str = "abstract"
+    #: Whether a reader waits on a round trip per file (object stores, remote filesystems): then a chain's
+    #: files are worth reading at once (``ChainReader.read_chain``).
+    remote: bool = False
 
     def __init__(self, root: str):
         self.root = root

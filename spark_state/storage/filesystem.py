@@ -46,6 +46,7 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             ) from None
         self._base = path.rstrip("/") or "/"
         self._local = atomic.is_local(self.fs)
+        self.remote = not self._local
         self._object_store = atomic.is_object_store(self.fs)
         self.fsync = fsync and self._local
         self._made_dirs: set[str] = set()
