@@ -400,3 +400,47 @@ def test_merge_chain_last_write_wins_and_deletes():
     d2 = changes({b"k2": b"again", b"k1": None})
     assert checked_dict(merge_chain([base, d1, d2])) == {b"k2": b"again", b"k5": b"E", b"k6": b"f"}
     assert merge_chain([]).num_rows == 0
+
+
+def test_a_long_chain_on_remote_storage_is_read_several_files_at_once_in_order(monkeypatch):
+    """Remote storage (here fsspec's memory://, which fsspec does not call local) reads a chain's files on
+    several threads at once (a load on an object store waits one round trip per READ_AHEAD files); the state is
+    exactly the one read file by file, in key-group order, and a file that cannot be read fails the load."""
+    from spark_state.chain import reader
+
+    back = Backend("memory-fs")
+    try:
+        store = back.store(snapshot_interval=1_000)
+        assert store.storage.remote
+        model: dict = {}
+        for v in range(1, 21):
+            batch = {KEYS[(v * 7 + i) % len(KEYS)]: (None if i == 3 and v > 1 else b"v%d-%d" % (v, i))
+                     for i in range(5)}
+            store.commit(v, changes(batch))
+            model.update(batch)
+        model = {k: val for k, val in model.items() if val is not None}
+        threads: set[str] = set()
+        gate = threading.Barrier(2, timeout=10)   # two reads must be under way at once to pass it
+        read_file = store.storage.read_file
+
+        def watched(path):
+            threads.add(threading.current_thread().name)
+            if path.endswith(".arrow") and ("v0000000002-" in path or "v0000000003-" in path):
+                gate.wait()
+            return read_file(path)
+
+        monkeypatch.setattr(store.storage, "read_file", watched)
+        assert checked_dict(store.load(20)) == model
+        assert len(threads) > 1 and all(t.startswith("spark-state-read") for t in threads), threads
+        store.storage.remote = False
+        monkeypatch.setattr(store.storage, "read_file", read_file)
+        assert checked_dict(store.load(20)) == model
+        store.storage.remote = True
+        monkeypatch.setattr(store.storage, "read_file",
+                            lambda path: (_ for _ in ()).throw(OSError(5, "injected")) if "v0000000007-" in path
+                            else read_file(path))
+        with pytest.raises(OSError, match="injected"):
+            store.load(20)
+        assert reader.READ_AHEAD > 1
+    finally:
+        back.close()
