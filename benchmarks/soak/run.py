@@ -254,6 +254,8 @@ def _end_checks(cfg: Settings, world: World, queries: dict, ticks: int, out: Pat
         if count:   # the S3 server's storage is gone after the run: keep what settles whether they are orphans
             evidence = _guarded(lambda: checks.store_listing(world, queries[name].checkpoint, world.tool_options), {})
             (out / f"orphans-{name}.json").write_text(json.dumps(evidence, indent=1, sort_keys=True))
+    if any(r["orphans"] for r in results["queries"].values()):
+        _keep_worker_logs(cfg.workdir / "worker-logs")
     for q in queries.values():
         q.stop()
 
@@ -289,6 +291,22 @@ def _end_checks(cfg: Settings, world: World, queries: dict, ticks: int, out: Pat
     results["problems"] = {k: v for k, v in problems.items() if v}
     results["passed"] = not results["problems"]
     return results
+
+
+def _keep_worker_logs(to: Path) -> None:
+    """Copies the logs of the state workers alive now (retention's and compaction's record of the end checks'
+    last minutes): a worker deletes its directory, log included, when its executor stops."""
+    import glob
+    import tempfile
+
+    to.mkdir(parents=True, exist_ok=True)
+    for log in set(glob.glob(os.path.join(tempfile.gettempdir(), "spark-state-*", "worker.log")) +
+                   glob.glob("/tmp/spark-state-*/worker.log")):
+        try:
+            if os.path.getmtime(log) > time.time() - 600:   # not a killed worker's leftover
+                shutil.copy(log, to / f"{Path(log).parent.name}.log")
+        except OSError:
+            pass   # the worker exited meanwhile
 
 
 def _guarded(check, empty=()):
