@@ -23,6 +23,8 @@ def main(argv=None) -> int:
     ap.add_argument("--grace", type=float, default=30.0, help="fileGracePeriod in seconds (default 30)")
     ap.add_argument("--orphan-slack", type=float, default=30.0,
                     help="seconds past the grace period an unreferenced file may still live (default 30)")
+    ap.add_argument("--orphan-patience", type=float, default=240.0,
+                    help="seconds files still unreferenced at the second look are watched further (default 240)")
     ap.add_argument("--every-kind", action="store_true",
                     help="go on past --minutes until every kind of fault was performed at least once")
     ap.add_argument("--first", default="", help="comma-separated fault kinds the schedule starts with")
@@ -34,7 +36,7 @@ def main(argv=None) -> int:
         return 0
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="soak-", dir=os.environ.get("TMPDIR")))
     cfg = Settings(minutes=args.minutes, out=args.out, workdir=workdir, seed=args.seed, mean_gap_s=args.fault_every, tick_s=args.tick,
-                   grace_s=args.grace, orphan_slack_s=args.orphan_slack,
+                   grace_s=args.grace, orphan_slack_s=args.orphan_slack, orphan_patience_s=args.orphan_patience,
                    every_kind=args.every_kind, first_kinds=tuple(k for k in args.first.split(",") if k))
     summary = run(cfg)
     write_report(args.out)

@@ -264,7 +264,8 @@ def store_listing(world, checkpoint: Path, options: dict, small: int = 1 << 16) 
 
 
 def orphans(first: set[str], second: set[str], waited_s: float, grace_s: float) -> tuple[int, list[str]]:
-    """Files retention may delete at both looks, ``waited_s`` (more than the grace period) apart: orphans."""
+    """Files retention may delete at both looks, ``waited_s`` (more than the grace period) apart, and still
+    there when the watch after the second look ended: orphans."""
     left = sorted(first & second)
     return len(left), _limit([f"{f} unreferenced for over {waited_s:.0f}s (grace {grace_s:.0f}s)" for f in left],
                              "orphans")

@@ -109,7 +109,9 @@ def markdown(data: dict) -> str:
                      f"{'yes' if not problems.get(f'{name}: output') and not problems.get(f'{name}: state') else 'NO'}; "
                      f"{q.get('versions_loaded')} retained versions load; validate "
                      f"{'clean' if not problems.get(f'{name}: validate') else 'NOT clean'} "
-                     f"({q.get('validated_files')} files); {q.get('orphans')} orphans.")
+                     f"({q.get('validated_files')} files); {q.get('orphans')} orphans"
+                     + (f" ({q['deleted_late']} more file(s) deleted after the second look, within "
+                        f"{q.get('watched_s')} s of the first)" if q.get("deleted_late") else "") + ".")
     mem = s.get("memory", {})
     if mem:
         lines += ["", "Memory (MiB): " + "; ".join(

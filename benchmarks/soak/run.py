@@ -44,6 +44,10 @@ class Settings:
     base_rate: float = 0.02       # S3 requests failed or stalled by the proxy outside bursts
     grace_s: float = 30.0         # fileGracePeriod
     orphan_slack_s: float = 30.0  # past the grace period: a few maintenance runs (every 5 s)
+    #: how long files still unreferenced at the second look are watched further (every 30 s): one that goes
+    #: meanwhile was deleted late (a worker's maintenance runs its stores one after another), one that stays
+    #: is an orphan
+    orphan_patience_s: float = 240.0
     trigger: str = "2 seconds"
     max_files: int = 30
     shape: Shape = Shape()
@@ -154,7 +158,7 @@ def _soak(cfg: Settings, world: World, out: Path) -> dict:
     _log(out, f"every query read every input file; {sum(len(v) for v in first.values())} file(s) retention may "
               f"delete; looking again after the grace period")
     time.sleep(cfg.grace_s + cfg.orphan_slack_s)
-    results = _end_checks(cfg, world, queries, ticks, out, first, time.time() - looked)
+    results = _end_checks(cfg, world, queries, ticks, out, first, time.time() - looked, looked)
     sampler.stop()
     for q in queries.values():
         q.stop()
@@ -237,20 +241,30 @@ def _unreferenced(world: World, queries: dict) -> dict[str, set[str] | str]:
 
 
 def _end_checks(cfg: Settings, world: World, queries: dict, ticks: int, out: Path, first: dict,
-                waited_s: float) -> dict:
+                waited_s: float, looked_at: float) -> dict:
     model = Model(cfg.seed, cfg.shape, ticks)
     options = world.tool_options
     results: dict = {"checks": {}, "queries": {}}
     problems: dict[str, list[str]] = {}
     second = _unreferenced(world, queries)
+    left = {n: first[n] & second[n] for n in queries if isinstance(first[n], set) and isinstance(second[n], set)}
+    at_second = {n: set(f) for n, f in left.items()}
+    watch_until = time.time() + cfg.orphan_patience_s
+    while any(left.values()) and time.time() < watch_until:
+        time.sleep(30)
+        again = _unreferenced(world, queries)
+        left = {n: (f & again[n] if isinstance(again[n], set) else f) for n, f in left.items()}
+    late_s = round(time.time() - looked_at, 1)
     for name in queries:
         if isinstance(first[name], str) or isinstance(second[name], str):
             count, found = 0, [m for m in (first[name], second[name]) if isinstance(m, str)]
         else:
-            count, found = checks.orphans(first[name], second[name], waited_s, cfg.grace_s)
+            count, found = checks.orphans(left[name], left[name], late_s, cfg.grace_s)
         problems[f"{name}: orphans"] = found
         results["queries"][name] = {"orphans": count, "unreferenced_first_look":
-                                  len(first[name]) if isinstance(first[name], set) else None}
+                                  len(first[name]) if isinstance(first[name], set) else None,
+                                  "deleted_late": len(at_second.get(name, set()) - left.get(name, set())),
+                                  "watched_s": late_s}
         if count:   # the S3 server's storage is gone after the run: keep what settles whether they are orphans
             evidence = _guarded(lambda: checks.store_listing(world, queries[name].checkpoint, world.tool_options), {})
             (out / f"orphans-{name}.json").write_text(json.dumps(evidence, indent=1, sort_keys=True))
