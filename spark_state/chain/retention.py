@@ -79,6 +79,10 @@ class GraceClock:
         self._since = {p: self._since.get(p, now) for p in orphans}
         return [p for p, since in self._since.items() if now - since >= grace]
 
+    def fresh(self, orphans: list[str]) -> list[str]:
+        """The orphans this clock does not time yet."""
+        return [p for p in orphans if p not in self._since]
+
     def forget(self, paths: Iterable[str]) -> None:
         for p in paths:
             del self._since[p]
@@ -121,7 +125,14 @@ class Retention:
                 self._cache.pop(v, None)
             references = ReferenceSet.gather(manifests.values(), records, ctx.locks.pinned(), elsewhere)
             orphans = references.orphans(storage.list_files(), oldest)
+            if not references.complete:
+                log.info("retention of %s deletes no file this run: a reference record cannot be judged", ctx.name)
+            fresh = self.clock.fresh(orphans)
             due = self.clock.due(orphans, ctx.settings.file_grace_period, time.monotonic())
+            if fresh:   # the start of a file's grace period: with the deletion below, the log shows both ends
+                log.info("retention of %s around version %d: %d file(s) below the window (from %d) are "
+                         "unreferenced; deleted once unreferenced for %gs: %s", ctx.name, current, len(fresh),
+                         oldest, ctx.settings.file_grace_period, ", ".join(sorted(fresh)))
             if due:
                 storage.delete_files(due)
                 self.clock.forget(due)

@@ -52,6 +52,9 @@ from spark_state.storage.base import CheckpointStorage
 
 log = logging.getLogger(__name__)
 
+#: A maintenance run still going after this long is logged by the runs it makes skip.
+_LONG_MAINTENANCE_S = 120.0
+
 __all__ = ["CommitResult", "Loaded", "UNCHECKED", "VersionedStore"]
 
 
@@ -70,6 +73,7 @@ class VersionedStore:
         self.maintenance_failures = 0              # consecutive failed maintenance runs
         self.maintenance_error: str | None = None
         self.last_used = time.monotonic()
+        self._maintenance_started = 0.0            # monotonic start of the running (or last) maintenance
 
     @property
     def storage(self) -> CheckpointStorage:
@@ -167,7 +171,11 @@ class VersionedStore:
         """
         lock = self.ctx.locks.maintenance
         if not lock.acquire(blocking=False):
+            running = time.monotonic() - self._maintenance_started
+            if running > _LONG_MAINTENANCE_S:
+                log.warning("maintenance of %s has been running for %.0fs; this run is skipped", self.name, running)
             return
+        self._maintenance_started = time.monotonic()
         try:
             errors = []
             try:

@@ -30,6 +30,8 @@ from spark_state.worker.protocol import (
 log = logging.getLogger("spark_state.worker")
 
 _RELEASE_AFTER_BYTES = 16 * 1024 * 1024
+#: A maintenance run longer than this is logged (with its store): the worker has one maintenance thread.
+_SLOW_MAINTENANCE_S = 10.0
 
 
 @lru_cache(maxsize=256)
@@ -237,10 +239,14 @@ class Dispatcher:
     def _maintain(self, store, keep, version, key):
         with self._pending_lock:
             self._pending.discard(key)
+        started = time.monotonic()
         try:
             store.maintenance(keep, version)
         except Exception:  # background work must not take the worker down
             log.exception("maintenance of %s failed; it will be retried on the next request", store)
+        took = time.monotonic() - started
+        if took > _SLOW_MAINTENANCE_S:   # one thread serves every store: a slow run delays the others' retention
+            log.info("maintenance of %s took %.1fs", store.name, took)
 
     def op_shutdown(self, header, body):
         threading.Thread(target=_exit_soon, daemon=True).start()
