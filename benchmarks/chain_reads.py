@@ -83,29 +83,21 @@ def run(rows: int, deltas: int, rounds: int, fault_rate: float) -> dict:
 def _proxy(endpoint: str, rate: float):
     """The soak's fault-injecting proxy in front of moto (benchmarks/soak/proxy.py)."""
     import json
-    import socket
 
+    from tests.support.ports import free_port, wait_listening
     from benchmarks.soak.cluster import READ_TIMEOUT_S
 
     work = Path(tempfile.mkdtemp(prefix="chain-reads-"))
     control = work / "control.json"
     control.write_text(json.dumps({"rate": rate, "stall_s": READ_TIMEOUT_S + 3}))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.soak.proxy", "--port", str(port), "--upstream-port",
                              endpoint.rsplit(":", 1)[1], "--control", str(control), "--log", str(work / "faults.jsonl")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return f"http://127.0.0.1:{port}", proc
-        except OSError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise
-            time.sleep(0.05)
+    if not wait_listening(port, proc, 30):
+        proc.kill()
+        raise RuntimeError(f"the fault-injecting proxy did not start on port {port}; its log is {work}")
+    return f"http://127.0.0.1:{port}", proc
 
 
 def main(argv=None) -> None:

@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import zstandard
 
-from spark_state.format import datafile, tables
+from spark_state.format import datafile
 from spark_state.format import rowimage, unsaferow
 
 MAX_PARALLELISM = 100800

@@ -18,9 +18,9 @@ from pathlib import Path
 from tests.cluster.faults import Faults
 from tests.cluster.processes import set_executor_parents, wait_for_executors
 from tests.cluster.session import LOG4J, session_conf
-from tests.cluster.standalone import MASTER_HOST, StandaloneCluster, die_with_parent, free_port
+from tests.cluster.standalone import MASTER_HOST, StandaloneCluster, die_with_parent
+from tests.support.ports import free_port, wait_listening
 from tests.support.paths import pythonpath_with_root
-from tests.support.waiting import wait_until
 
 BUCKET = "soak"
 STATE_ROOT = f"s3://{BUCKET}/state"
@@ -28,14 +28,6 @@ STATE_ROOT = f"s3://{BUCKET}/state"
 READ_TIMEOUT_S = 5
 S3_CLIENT = {"config_kwargs": {"connect_timeout": 5, "read_timeout": READ_TIMEOUT_S,
                                "retries": {"mode": "standard", "max_attempts": 10}}}
-
-
-def _listening(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 class Proxy:
@@ -77,13 +69,12 @@ class World:
         log = open(self.workdir / f"{name}.log", "w")
         self.procs[name] = subprocess.Popen([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
-        wait_until(lambda: _listening(port) or self.procs[name].poll() is not None, 60,
-                   f"{name} not listening on 127.0.0.1:{port} within 60s")
-        if self.procs[name].poll() is not None:
-            raise RuntimeError(f"{name} exited: {(self.workdir / f'{name}.log').read_text()[-2000:]}")
+        if not wait_listening(port, self.procs[name], 60):
+            how = "exited" if self.procs[name].poll() is not None else f"not listening on 127.0.0.1:{port} within 60s"
+            raise RuntimeError(f"{name} {how}: {(self.workdir / f'{name}.log').read_text()[-2000:]}")
 
     def start_storage(self) -> None:
-        moto_port, proxy_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+        moto_port, proxy_port = free_port(), free_port()
         self.moto_url = f"http://127.0.0.1:{moto_port}"
         self._spawn("moto", ["-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)], moto_port)
         self.proxy.set(0.0)

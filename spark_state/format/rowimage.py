@@ -56,7 +56,7 @@ import zstandard
 
 from spark_state.errors import ChecksumMismatch, FormatVersionError
 from spark_state.format import tables, unsaferow
-from spark_state.format.datafile import Fetch, crc32_hex
+from spark_state.format.datafile import crc32_hex
 
 MAGIC = b"SPKSTRI"
 VERSION = 1

@@ -8,16 +8,12 @@ from __future__ import annotations
 import logging
 import os
 
-import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from spark_state.chain.compaction import DELTA_ROWS_SHARE
 from spark_state.format import rowimage, unsaferow
-from spark_state.format.manifest import CompactionRecord
-from spark_state.format.tables import CHANGES_SCHEMA
-from spark_state.storage.filesystem import FileSystemCheckpointStorage
 from tests.support.changes import M, changes_table, typed_changes
 from tests.support.stores import assert_files_of_kept_versions_exist, store_on
 

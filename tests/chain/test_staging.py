@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from spark_state.errors import ProtocolError, StreamLost, VersionNotFound
 from spark_state.format import datafile
-from spark_state.format.manifest import DELTA, SNAPSHOT
+from spark_state.format.manifest import SNAPSHOT
 from spark_state.worker.streams import StreamRegistry
 from tests.chain.test_typed_files import _frozen, _thaw, as_dict, batches, table
 from tests.support.changes import M

@@ -78,7 +78,6 @@ def test_export_keeps_the_values_of_repeated_struct_field_names(tmp_path):
     import pyarrow.parquet as pq
 
     from spark_state.spark.checkpoint import SparkCheckpoint
-    from spark_state.storage.layout import StoreId
     from spark_state.lifecycle.export import export
 
     ckpt_dir = tmp_path / "ckpt"

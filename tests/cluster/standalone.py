@@ -17,11 +17,10 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 from pathlib import Path
 
-from tests.support.waiting import wait_until
+from tests.support.ports import free_port, wait_listening
 
 HOSTS = ("127.0.0.1", "127.0.0.2")
 MASTER_HOST = HOSTS[0]
@@ -31,18 +30,6 @@ def die_with_parent() -> None:
     """In the child, before exec: SIGKILL this process when the process that started it ends."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _listening(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex((host, port)) == 0
 
 
 class StandaloneCluster:
@@ -73,10 +60,10 @@ class StandaloneCluster:
         env = {**env, "SPARK_HOME": str(self.spark_home), "SPARK_SCALA_VERSION": "2.13"}
         self.master = self._start("master", "org.apache.spark.deploy.master.Master",
                                   ["--host", MASTER_HOST, "--port", str(self.port), "--webui-port", "0"], env)
-        wait_until(lambda: _listening(MASTER_HOST, self.port) or self.master.poll() is not None, timeout,
-                   f"standalone master not listening on {self.url} within {timeout}s")
-        if self.master.poll() is not None:
-            raise AssertionError(f"standalone master exited: {(self.workdir / 'master.log').read_text()[-3000:]}")
+        if not wait_listening(self.port, self.master, timeout, MASTER_HOST):
+            raise AssertionError(f"standalone master {'exited' if self.master.poll() is not None else 'not listening'}"
+                                 f" on {self.url} within {timeout}s: "
+                                 f"{(self.workdir / 'master.log').read_text()[-3000:]}")
         for i, host in enumerate(HOSTS):
             self.workers.append(self._start(
                 f"worker-{host}", "org.apache.spark.deploy.worker.Worker",

@@ -1,21 +1,13 @@
-import java.io.File;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
-import java.util.UUID;
 
-import org.apache.hadoop.conf.Configuration;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
 import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
-import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpec;
 import org.apache.spark.sql.execution.streaming.state.StateStore;
-import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
-import org.apache.spark.sql.execution.streaming.state.StateStoreId;
 import org.apache.spark.sql.execution.streaming.state.StateStoreProvider;
-import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId;
 import org.apache.spark.sql.execution.streaming.state.UnsafeRowPair;
-import org.apache.spark.sql.internal.SQLConf;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.unsafe.types.UTF8String;
@@ -27,62 +19,42 @@ import org.apache.spark.unsafe.types.UTF8String;
  * loading the version from the worker), rows as sorted {@code k=n/s}.
  */
 public class ChangeLogProbe {
-  static final StructType KEY = new StructType().add("k", DataTypes.LongType, false);
   static final StructType VALUE = new StructType().add("n", DataTypes.LongType, false)
       .add("s", DataTypes.StringType, true);
-  static final UnsafeProjection KEYS = UnsafeProjection.create(KEY);
   static final UnsafeProjection VALUES = UnsafeProjection.create(VALUE);
 
   public static void main(String[] args) throws Exception {
     String dir = args[0];
     String python = args[1];
-    StateStoreProvider p = provider(dir, python);
+    StateStoreProvider p = Probes.provider(dir, python, VALUE);
     StateStore s = p.getStore(0, scala.Option.empty(), false, false);
     put(s, 1, 10);
     put(s, 2, 20);
     put(s, 3, 29);
     put(s, 3, 30);
     put(s, 6, 60);
-    s.remove(key(6), StateStore.DEFAULT_COL_FAMILY_NAME());
+    s.remove(Probes.key(6), StateStore.DEFAULT_COL_FAMILY_NAME());
     s.commit();
     s = p.getStore(1, scala.Option.empty(), false, false);
     put(s, 1, 11);
     put(s, 1, 12);
     put(s, 4, 40);
-    s.remove(key(4), StateStore.DEFAULT_COL_FAMILY_NAME());
-    s.remove(key(2), StateStore.DEFAULT_COL_FAMILY_NAME());
+    s.remove(Probes.key(4), StateStore.DEFAULT_COL_FAMILY_NAME());
+    s.remove(Probes.key(2), StateStore.DEFAULT_COL_FAMILY_NAME());
     put(s, 2, 21);
-    s.remove(key(3), StateStore.DEFAULT_COL_FAMILY_NAME());
+    s.remove(Probes.key(3), StateStore.DEFAULT_COL_FAMILY_NAME());
     put(s, 5, 50);
     put(s, 5, 51);
     s.commit();
     System.out.println("LIVE " + rows(p.getStore(2, scala.Option.empty(), false, false)));
-    StateStoreProvider fresh = provider(dir, python);
+    StateStoreProvider fresh = Probes.provider(dir, python, VALUE);
     System.out.println("LOADED " + rows(fresh.getStore(2, scala.Option.empty(), false, false)));
     System.exit(0);
   }
 
-  static StateStoreProvider provider(String dir, String python) {
-    SQLConf c = new SQLConf();
-    c.setConfString("spark.sql.streaming.stateStore.providerClass", "io.sparkstate.shim.SparkStateProvider");
-    c.setConfString("spark.sql.streaming.stateStore.sparkState.storage", "filesystem");
-    c.setConfString("spark.sql.streaming.stateStore.sparkState.python", python);
-    scala.collection.immutable.Map<String, String> extra = scala.collection.immutable.Map$.MODULE$.empty();
-    extra = extra.updated("spark.sql.streaming.stateStore.sparkState.storage", "filesystem");
-    extra = extra.updated("spark.sql.streaming.stateStore.sparkState.python", python);
-    StateStoreId id = new StateStoreId(new File(dir).toURI().toString(), 0L, 0, StateStoreId.DEFAULT_STORE_NAME());
-    return StateStoreProvider.createAndInit(new StateStoreProviderId(id, new UUID(42, 42)), KEY, VALUE,
-        new NoPrefixKeyStateEncoderSpec(KEY), false, new StateStoreConf(c, extra), new Configuration(), false,
-        scala.Option.empty());
-  }
-
-  static UnsafeRow key(long k) {
-    return KEYS.apply(new GenericInternalRow(new Object[] {k})).copy();
-  }
-
   static void put(StateStore s, long k, long n) {
     UnsafeRow v = VALUES.apply(new GenericInternalRow(new Object[] {n, UTF8String.fromString("v" + n)})).copy();
-    s.put(key(k), v, StateStore.DEFAULT_COL_FAMILY_NAME());
+    s.put(Probes.key(k), v, StateStore.DEFAULT_COL_FAMILY_NAME());
   }
 
   static String rows(StateStore s) {

@@ -1,18 +1,8 @@
-import java.io.File;
-import java.util.UUID;
-
-import org.apache.hadoop.conf.Configuration;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
 import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
-import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpec;
 import org.apache.spark.sql.execution.streaming.state.StateStore;
-import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
-import org.apache.spark.sql.execution.streaming.state.StateStoreId;
 import org.apache.spark.sql.execution.streaming.state.StateStoreProvider;
-import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId;
-import org.apache.spark.sql.execution.streaming.state.UnsafeRowPair;
-import org.apache.spark.sql.internal.SQLConf;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.unsafe.types.UTF8String;
@@ -24,15 +14,12 @@ import org.apache.spark.unsafe.types.UTF8String;
  * {@code LOADED} digests ({@code rows sum-of-n}) of the last version, in this JVM and in a new provider.
  */
 public class StreamProbe {
-  static final StructType KEY = new StructType().add("k", DataTypes.LongType, false);
   static final StructType VALUE = new StructType().add("n", DataTypes.LongType, false)
       .add("s", DataTypes.StringType, true);
-  static final UnsafeProjection KEYS = UnsafeProjection.create(KEY);
   static final UnsafeProjection VALUES = UnsafeProjection.create(VALUE);
-  static final String CF = StateStore.DEFAULT_COL_FAMILY_NAME();
 
   public static void main(String[] args) throws Exception {
-    StateStoreProvider p = provider(args[0], args[1]);
+    StateStoreProvider p = Probes.provider(args[0], args[1], VALUE, "snapshotInterval", "100");
     // v1: a new store's first version, 60,000 keys (several chunks and a tail)
     StateStore s = p.getStore(0, scala.Option.empty(), false, false);
     for (long k = 0; k < 60_000; k++) {
@@ -45,7 +32,7 @@ public class StreamProbe {
       put(s, k, k + 1_000_000);
     }
     for (long k = 59_900; k < 60_000; k++) {
-      s.remove(key(k), CF);
+      s.remove(Probes.key(k), Probes.CF);
     }
     s.commit();
     System.out.println("STREAMED 2");
@@ -74,9 +61,9 @@ public class StreamProbe {
     }
     put(s, 5, 7);
     s.commit();
-    System.out.println("LIVE " + digest(p.getStore(4, scala.Option.empty(), false, false)));
-    StateStoreProvider fresh = provider(args[0], args[1]);
-    System.out.println("LOADED " + digest(fresh.getStore(4, scala.Option.empty(), false, false)));
+    System.out.println("LIVE " + Probes.digest(p.getStore(4, scala.Option.empty(), false, false)));
+    StateStoreProvider fresh = Probes.provider(args[0], args[1], VALUE, "snapshotInterval", "100");
+    System.out.println("LOADED " + Probes.digest(fresh.getStore(4, scala.Option.empty(), false, false)));
     System.exit(0);
   }
 
@@ -87,41 +74,8 @@ public class StreamProbe {
         .peek(ProcessHandle::destroyForcibly).count();
   }
 
-  static StateStoreProvider provider(String dir, String python) {
-    SQLConf c = new SQLConf();
-    c.setConfString("spark.sql.streaming.stateStore.providerClass", "io.sparkstate.shim.SparkStateProvider");
-    c.setConfString("spark.sql.streaming.stateStore.sparkState.storage", "filesystem");
-    c.setConfString("spark.sql.streaming.stateStore.sparkState.python", python);
-    c.setConfString("spark.sql.streaming.stateStore.sparkState.snapshotInterval", "100");
-    scala.collection.immutable.Map<String, String> extra = scala.collection.immutable.Map$.MODULE$.empty();
-    extra = extra.updated("spark.sql.streaming.stateStore.sparkState.storage", "filesystem");
-    extra = extra.updated("spark.sql.streaming.stateStore.sparkState.python", python);
-    extra = extra.updated("spark.sql.streaming.stateStore.sparkState.snapshotInterval", "100");
-    StateStoreId id = new StateStoreId(new File(dir).toURI().toString(), 0L, 0, StateStoreId.DEFAULT_STORE_NAME());
-    return StateStoreProvider.createAndInit(new StateStoreProviderId(id, new UUID(42, 42)), KEY, VALUE,
-        new NoPrefixKeyStateEncoderSpec(KEY), false, new StateStoreConf(c, extra), new Configuration(), false,
-        scala.Option.empty());
-  }
-
-  static UnsafeRow key(long k) {
-    return KEYS.apply(new GenericInternalRow(new Object[] {k})).copy();
-  }
-
   static void put(StateStore s, long k, long n) {
     UnsafeRow v = VALUES.apply(new GenericInternalRow(new Object[] {n, UTF8String.fromString("v" + n)})).copy();
-    s.put(key(k), v, CF);
-  }
-
-  static String digest(StateStore s) {
-    long rows = 0;
-    long sum = 0;
-    scala.collection.Iterator<UnsafeRowPair> it = s.iterator(CF);
-    while (it.hasNext()) {
-      UnsafeRowPair r = it.next();
-      rows++;
-      sum += r.value().getLong(0);
-    }
-    s.abort();
-    return rows + " " + sum;
+    s.put(Probes.key(k), v, Probes.CF);
   }
 }

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,15 +16,10 @@ import spark_state
 from spark_state.spark.config import MAINTENANCE_LISTENER
 from tests.support import wheel_env
 from tests.support.paths import LOG4J, TESTS
+from tests.support.ports import free_port, wait_listening
 
 pytest.importorskip("grpc", reason="the Spark Connect client needs grpcio (pip install '.[test]')")
 CLIENT = TESTS / "support" / "connect_client.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ConnectServer:
@@ -55,18 +48,11 @@ class ConnectServer:
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=env, cwd=work, start_new_session=True)
-        deadline = time.monotonic() + 180  # readiness wait, not an assertion on speed
-        while not self._listening():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise wheel_env.AppFailed(f"the Connect server did not start; log {self.log}:\n"
-                                          + self.log.read_text(errors="replace")[-3000:])
-            time.sleep(0.5)
+        if not wait_listening(self.port, self.proc, 180):   # readiness wait, not an assertion on speed
+            self.stop()
+            raise wheel_env.AppFailed(f"the Connect server did not start; log {self.log}:\n"
+                                      + self.log.read_text(errors="replace")[-3000:])
         self.url = f"sc://127.0.0.1:{self.port}"
-
-    def _listening(self) -> bool:
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", self.port)) == 0
 
     def stop(self) -> None:
         """Stops the server's process group (the script and the JVM it runs), which this test started."""

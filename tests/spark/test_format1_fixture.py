@@ -13,7 +13,6 @@ import spark_state
 from spark_state.errors import CheckpointError
 from spark_state.format.manifest import SNAPSHOT
 from spark_state.spark.checkpoint import SparkCheckpoint
-from spark_state.storage.layout import StoreId
 from tests.fixtures.format1_queries import QUERIES
 from tests.support.paths import FIXTURES
 from tests.support.spark import JsonStream, Twin, arrow_rows, sort_rows

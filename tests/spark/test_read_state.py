@@ -10,7 +10,7 @@ import pytest
 
 import spark_state
 from spark_state.errors import CheckpointError
-from tests.support.scenarios import JOIN_STORES, SCENARIOS
+from tests.support.scenarios import JOIN_STORES
 from tests.support.spark import arrow_rows, sort_rows
 
 #: (scenario, operator, store): every operator kind, the four stores of a join, both operators of a chain.

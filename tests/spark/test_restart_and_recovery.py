@@ -27,10 +27,11 @@ def flaky_running_total(marker: str, key, pdfs, state):
     yield from running_total("EventTimeTimeout", key, pdfs, state)
 
 
-def _flaky_query(events: JsonStream, marker: Path):
+def _query(events: JsonStream, fn, marker: Path):
+    """The running-total query with `fn` (running_total with a hook that watches the file `marker`)."""
     def build(spark):
         return (events.read(spark).withWatermark("ts", "5 seconds").groupBy("k")
-                .applyInPandasWithState(functools.partial(flaky_running_total, str(marker)), OUTPUT_SCHEMA,
+                .applyInPandasWithState(functools.partial(fn, str(marker)), OUTPUT_SCHEMA,
                                         STATE_SCHEMA, "update", "EventTimeTimeout"))
     return build
 
@@ -39,8 +40,8 @@ def _flaky_query(events: JsonStream, marker: Path):
 def test_failed_batch_is_retried_without_lost_or_doubled_state(make_twin, tmp_path, storage):
     events = JsonStream(tmp_path / "events", SCHEMA)
     marker = tmp_path / "fail-once"
-    twin = make_twin(_flaky_query(events, marker), mode="update", options={"storage": storage})
-    twin.ref.build = _flaky_query(events, tmp_path / "never-exists")
+    twin = make_twin(_query(events, flaky_running_total, marker), mode="update", options={"storage": storage})
+    twin.ref.build = _query(events, flaky_running_total, tmp_path / "never-exists")
     events.add_all(PHASES[0])
     twin.run()
     # Phase 2: the tested query fails in its second batch, after one successful commit in
@@ -67,14 +68,6 @@ def pausing_running_total(pause: str, key, pdfs, state):
     yield from running_total("EventTimeTimeout", key, pdfs, state)
 
 
-def _pausing_query(events: JsonStream, pause: Path):
-    def build(spark):
-        return (events.read(spark).withWatermark("ts", "5 seconds").groupBy("k")
-                .applyInPandasWithState(functools.partial(pausing_running_total, str(pause)), OUTPUT_SCHEMA,
-                                        STATE_SCHEMA, "update", "EventTimeTimeout"))
-    return build
-
-
 def test_a_provider_unloaded_while_its_task_runs_does_not_fail_the_task(spark, make_twin, tmp_path):
     """Spark's maintenance thread closes a provider the coordinator lists as active elsewhere while a task of
     this executor may still be running on it (the soak saw it fail 22 tasks in an hour). Here every provider is
@@ -82,8 +75,8 @@ def test_a_provider_unloaded_while_its_task_runs_does_not_fail_the_task(spark, m
     the query's output and state are exact (local mode does not retry a failed task: the query would fail)."""
     events = JsonStream(tmp_path / "events", SCHEMA)
     pause = tmp_path / "pause"
-    twin = make_twin(_pausing_query(events, pause), mode="update", options={"storage": "filesystem"})
-    twin.ref.build = _pausing_query(events, tmp_path / "never-exists")
+    twin = make_twin(_query(events, pausing_running_total, pause), mode="update", options={"storage": "filesystem"})
+    twin.ref.build = _query(events, pausing_running_total, tmp_path / "never-exists")
     events.add_all(PHASES[0])
     twin.run()
     events.add_all(PHASES[1])

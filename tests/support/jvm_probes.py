@@ -19,15 +19,15 @@ OPENS = ["--add-opens=java.base/java.nio=ALL-UNNAMED", "--add-opens=java.base/su
 
 
 def probe_command(source: str, main_class: str, classes: Path, *jvm_options: str, heap: str = "512m") -> list[str]:
-    """Compiles tests/jvm/<source> into ``classes`` and returns the command that runs ``main_class``
-    (skips the test without a JDK)."""
+    """Compiles tests/jvm/<source>, with the helpers the probes share (Probes.java), into ``classes`` and returns
+    the command that runs ``main_class`` (skips the test without a JDK)."""
     from spark_state.spark import shim
 
     if shutil.which("javac") is None:
         pytest.skip("needs a JDK 17")
     cp = f"{shim.shim_jar()}:{shim.spark_jars_dir() / '*'}"
-    src = TESTS / "jvm" / source
-    subprocess.run(["javac", "-nowarn", "-d", str(classes), "-cp", cp, str(src)], check=True, capture_output=True)
+    sources = [str(TESTS / "jvm" / source), str(TESTS / "jvm" / "Probes.java")]
+    subprocess.run(["javac", "-nowarn", "-d", str(classes), "-cp", cp, *sources], check=True, capture_output=True)
     return ["java", f"-Xmx{heap}", *OPENS, *jvm_options, "-cp", f"{classes}:{cp}", main_class]
 
 

@@ -8,23 +8,17 @@ Spark JVM and the spark_state worker it starts) reach the same endpoint.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
+
+from tests.support.ports import free_port, wait_listening
 
 _server = None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def endpoint_env() -> dict[str, str]:
     """Environment for an endpoint on a port chosen now; call before any child process starts."""
-    port = int(os.environ.get("SPARK_STATE_TEST_S3_PORT") or _free_port())
+    port = int(os.environ.get("SPARK_STATE_TEST_S3_PORT") or free_port())
     return {
         "SPARK_STATE_TEST_S3_PORT": str(port),
         "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
@@ -59,16 +53,10 @@ def start_process() -> tuple[str, subprocess.Popen]:
     the test process would share its interpreter lock with the test. The caller passes the URL
     to its processes and stops the server.
     """
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return f"http://127.0.0.1:{port}", proc
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"moto server did not start on port {port}") from None
-            time.sleep(0.05)
+    if not wait_listening(port, proc, 60):
+        proc.kill()
+        raise RuntimeError(f"moto server did not start on port {port}")
+    return f"http://127.0.0.1:{port}", proc

@@ -9,7 +9,6 @@ import io
 import struct
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
