@@ -132,7 +132,7 @@ class Retention:
             if fresh:   # the start of a file's grace period: with the deletion below, the log shows both ends
                 log.info("retention of %s around version %d: %d file(s) below the window (from %d) are "
                          "unreferenced; deleted once unreferenced for %gs: %s", ctx.name, current, len(fresh),
-                         oldest, ctx.settings.file_grace_period, ", ".join(sorted(fresh)))
+                         oldest, ctx.settings.file_grace_period, _some(fresh))
             if due:
                 storage.delete_files(due)
                 self.clock.forget(due)
@@ -178,3 +178,10 @@ class Retention:
             if data is not None:
                 out.append(CompactionRecord.from_json(data, f"{storage.root}/{record_path(v, COMPACTION_NAME)}"))
         return out
+
+
+def _some(paths: list[str], shown: int = 10) -> str:
+    """The first `shown` of `paths` for a log line, and how many more."""
+    names = sorted(paths)
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more

@@ -8,6 +8,7 @@ processes and Spark: tests/worker/test_multiprocess_model.py and tests/cluster/.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
 
@@ -99,14 +100,19 @@ def test_a_compaction_shortcut_never_names_a_snapshot_retention_elsewhere_droppe
                                        KEYS[5]: b"again"}
 
 
-def test_grace_period_keeps_orphans_until_seen_long_enough(root):
+def test_grace_period_keeps_orphans_until_seen_long_enough(root, caplog):
     a = process(root, file_grace_period=3600)
     for v in range(1, 6):
         a.commit(v, changes({KEYS[v]: b"%d" % v}))
     orphan = a.storage.new_file_path(1, "delta")
     a.storage.write_file(orphan, b"left by a crashed commit")
-    a.maintenance(2)
+    with caplog.at_level(logging.INFO, logger="spark_state.chain.retention"):
+        a.maintenance(2)
+        a.maintenance(2)
     assert orphan in a.storage.list_files(), "deleted before the grace period passed"
+    # the log says when a file's grace period starts (once), so a file that outlives it can be traced
+    started = [r.getMessage() for r in caplog.records if orphan in r.getMessage()]
+    assert len(started) == 1 and "unreferenced; deleted once unreferenced for 3600s" in started[0], started
     a.settings = Settings(max_parallelism=M, file_grace_period=0)
     a.maintenance(2)
     assert orphan not in a.storage.list_files()
