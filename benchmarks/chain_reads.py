@@ -84,8 +84,8 @@ def _proxy(endpoint: str, rate: float):
     """The soak's fault-injecting proxy in front of moto (benchmarks/soak/proxy.py)."""
     import json
 
-    from tests.support.ports import free_port, wait_listening
     from benchmarks.soak.cluster import READ_TIMEOUT_S
+    from tests.support.ports import free_port, wait_listening
 
     work = Path(tempfile.mkdtemp(prefix="chain-reads-"))
     control = work / "control.json"

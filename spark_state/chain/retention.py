@@ -125,8 +125,6 @@ class Retention:
                 self._cache.pop(v, None)
             references = ReferenceSet.gather(manifests.values(), records, ctx.locks.pinned(), elsewhere)
             orphans = references.orphans(storage.list_files(), oldest)
-            if not references.complete:
-                log.info("retention of %s deletes no file this run: a reference record cannot be judged", ctx.name)
             fresh = self.clock.fresh(orphans)
             due = self.clock.due(orphans, ctx.settings.file_grace_period, time.monotonic())
             if fresh:   # the start of a file's grace period: with the deletion below, the log shows both ends

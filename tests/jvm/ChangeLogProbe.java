@@ -33,16 +33,16 @@ public class ChangeLogProbe {
     put(s, 3, 29);
     put(s, 3, 30);
     put(s, 6, 60);
-    s.remove(Probes.key(6), StateStore.DEFAULT_COL_FAMILY_NAME());
+    s.remove(Probes.key(6), Probes.CF);
     s.commit();
     s = p.getStore(1, scala.Option.empty(), false, false);
     put(s, 1, 11);
     put(s, 1, 12);
     put(s, 4, 40);
-    s.remove(Probes.key(4), StateStore.DEFAULT_COL_FAMILY_NAME());
-    s.remove(Probes.key(2), StateStore.DEFAULT_COL_FAMILY_NAME());
+    s.remove(Probes.key(4), Probes.CF);
+    s.remove(Probes.key(2), Probes.CF);
     put(s, 2, 21);
-    s.remove(Probes.key(3), StateStore.DEFAULT_COL_FAMILY_NAME());
+    s.remove(Probes.key(3), Probes.CF);
     put(s, 5, 50);
     put(s, 5, 51);
     s.commit();
@@ -54,12 +54,12 @@ public class ChangeLogProbe {
 
   static void put(StateStore s, long k, long n) {
     UnsafeRow v = VALUES.apply(new GenericInternalRow(new Object[] {n, UTF8String.fromString("v" + n)})).copy();
-    s.put(Probes.key(k), v, StateStore.DEFAULT_COL_FAMILY_NAME());
+    s.put(Probes.key(k), v, Probes.CF);
   }
 
   static String rows(StateStore s) {
     List<String> out = new ArrayList<>();
-    scala.collection.Iterator<UnsafeRowPair> it = s.iterator(StateStore.DEFAULT_COL_FAMILY_NAME());
+    scala.collection.Iterator<UnsafeRowPair> it = s.iterator(Probes.CF);
     while (it.hasNext()) {
       UnsafeRowPair r = it.next();
       out.add(r.key().getLong(0) + "=" + r.value().getLong(0) + "/" + r.value().getUTF8String(1));
