@@ -1,0 +1,299 @@
+"""State ten times the heap (issue 35): the large-state query at the heap users give executors.
+
+    python -m benchmarks.large run --keys 10000000 --providers rocksdb,spark_state_fs
+    python -m benchmarks.large phase --provider rocksdb --phase build --keys 10000000 --workdir DIR
+
+The query is the issue's, exactly: ``readStream.parquet(src)`` with ``maxFilesPerTrigger=1`` over
+files of distinct long keys (``k``, ``v = k % 1000``), ``groupBy("k").agg(sum("v"), count("*"))``,
+update mode, ``foreachBatch`` writing to the ``noop`` format, ``local[2]``, 4 shuffle partitions,
+``spark.driver.memory=1g``, every provider option at its default. Each phase is a NEW application
+(a process of its own, so a fresh JVM and worker):
+
+  build     the keys in two files of keys/2 each, one batch per file
+  restart   one more file of 1,000 of those keys, one batch; checked exactly (sum 2·(k % 1000), count 2)
+  steady    batches changing 1% and 10% of the keys (after restart), one batch each
+  dedup     the same files through ``dropDuplicates(["k"])`` (its own checkpoint): build, then a restart
+            with 1,000 seen and 1,000 new keys, checked exactly (only the new ones come out)
+
+Every phase samples the resident memory of the application's process tree (the JVM and its children:
+spark_state's worker, Python workers) twice a second and reports the peak. ``run`` interleaves the
+providers phase by phase and writes results.md / results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESTART_KEYS = 1000
+
+
+# ------------------------------------------------------------------ data
+
+def make_data(data: Path, keys: int, seed: int = 35) -> dict[str, Path]:
+    """Files of the query's input under `data` (made once per key count): two halves of distinct keys in
+    random order, a restart file of 1,000 of them, steady files of 1% and 10%, and dedup's new keys."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = data / f"k{keys}"
+    stamp = root / "_SPEC"
+    spec = f"{keys} {seed} v1"
+    files = {name: root / f"{name}.parquet" for name in
+             ("half0", "half1", "restart", "steady1", "steady10", "dedup_restart")}
+    if stamp.exists() and stamp.read_text() == spec:
+        return files
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(keys).astype(np.int64)
+
+    def write(name: str, k: np.ndarray) -> None:
+        pq.write_table(pa.table({"k": k, "v": k % 1000}), files[name], row_group_size=1 << 20)
+
+    write("half0", order[: keys // 2])
+    write("half1", order[keys // 2:])
+    write("restart", rng.choice(keys, RESTART_KEYS, replace=False).astype(np.int64))
+    write("steady1", rng.choice(keys, keys // 100, replace=False).astype(np.int64))
+    write("steady10", rng.choice(keys, keys // 10, replace=False).astype(np.int64))
+    seen = rng.choice(keys, RESTART_KEYS, replace=False).astype(np.int64)
+    new = np.arange(keys, keys + RESTART_KEYS, dtype=np.int64)
+    write("dedup_restart", np.concatenate([seen, new]))
+    stamp.write_text(spec)
+    return files
+
+
+def _feed(src: Path, file: Path, n: int) -> None:
+    """Puts `file` into the query's source directory as its n-th file (the source orders by modification time)."""
+    src.mkdir(parents=True, exist_ok=True)
+    dst = src / f"part-{n:03d}.parquet"
+    shutil.copyfile(file, dst)
+    t = 1_700_000_000 + n
+    os.utime(dst, (t, t))
+
+
+# ------------------------------------------------------------------ memory sampling
+
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of `pid` and all its descendants (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    total, todo = 0, [pid]
+    page = os.sysconf("SC_PAGE_SIZE")
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/statm") as f:
+                total += int(f.read().split()[1]) * page
+        except (OSError, IndexError, ValueError):
+            pass
+        todo.extend(children.get(p, ()))
+    return total
+
+
+class PeakSampler:
+    """The peak resident memory of this process's children (the JVM and everything it started)."""
+
+    def __init__(self, every: float = 0.5):
+        self.every = every
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        me = os.getpid()
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _tree_rss(me) - _tree_rss_self(me))
+            self._stop.wait(self.every)
+
+
+def _tree_rss_self(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+# ------------------------------------------------------------------ one phase (one application)
+
+def _session(provider: str, heap: str, extra: dict[str, str]):
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    b = (SparkSession.builder.master("local[2]").appName(f"large-{provider}")
+         .config("spark.sql.shuffle.partitions", "4")
+         .config("spark.ui.enabled", "false")
+         .config("spark.ui.showConsoleProgress", "false")
+         .config("spark.driver.memory", heap)
+         .config("spark.driver.extraJavaOptions",
+                 f"-Dlog4j2.configurationFile={HERE / 'jvm' / 'log4j2.properties'} -XX:+ExitOnOutOfMemoryError"))
+    if provider == "spark_state_fs":
+        import spark_state
+        b = spark_state.configure(b)
+    elif provider == "rocksdb":
+        b = b.config("spark.sql.streaming.stateStore.providerClass",
+                     "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+    elif provider != "hdfs":
+        raise SystemExit(f"unknown provider {provider}")
+    for k, v in extra.items():
+        b = b.config(k, v)
+    spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def run_phase(provider: str, phase: str, keys: int, workdir: Path, data: Path, heap: str,
+              extra: dict[str, str]) -> dict:
+    from pyspark.sql import functions as F
+
+    files = make_data(data, keys)
+    dedup = phase.startswith("dedup")
+    src = workdir / ("src-dedup" if dedup else "src")
+    ckpt = workdir / ("ckpt-dedup" if dedup else "ckpt")
+    feeds = {"build": ["half0", "half1"], "restart": ["restart"], "steady": ["steady1", "steady10"],
+             "dedup-build": ["half0", "half1"], "dedup-restart": ["dedup_restart"]}[phase]
+    if phase in ("build", "dedup-build"):
+        for d in (src, ckpt):
+            if d.exists():
+                shutil.rmtree(d)
+    n0 = len(list(src.glob("part-*.parquet"))) if src.exists() else 0
+    for i, name in enumerate(feeds):
+        _feed(src, files[name], n0 + i)
+
+    checked: dict = {}
+    spark = _session(provider, heap, extra)
+    with PeakSampler() as sampler:
+        t0 = time.perf_counter()
+        try:
+            df = spark.readStream.schema("k long, v long").option("maxFilesPerTrigger", 1).parquet(str(src))
+            if dedup:
+                out = df.dropDuplicates(["k"])
+            else:
+                out = df.groupBy("k").agg(F.sum("v").alias("s"), F.count("*").alias("n"))
+            verify = phase in ("restart", "dedup-restart")
+
+            def sink(batch, batch_id):
+                if verify:
+                    rows = batch.collect()
+                    checked["rows"] = len(rows)
+                    if dedup:
+                        checked["exact"] = sorted(r["k"] for r in rows) == list(range(keys, keys + RESTART_KEYS))
+                    else:
+                        checked["exact"] = len(rows) == RESTART_KEYS and all(
+                            r["n"] == 2 and r["s"] == 2 * (r["k"] % 1000) for r in rows)
+                else:
+                    batch.write.format("noop").mode("overwrite").save()
+
+            q = (out.writeStream.outputMode("update" if not dedup else "append").foreachBatch(sink)
+                 .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
+            q.awaitTermination()
+            wall = time.perf_counter() - t0
+            if q.exception() is not None:
+                raise RuntimeError(str(q.exception()))
+            batches = []
+            for p in q.recentProgress:
+                if not p.numInputRows:
+                    continue
+                ops = p.stateOperators or []
+                batches.append({
+                    "batch": p.batchId, "rows": p.numInputRows,
+                    "trigger_ms": p.durationMs.get("triggerExecution", 0),
+                    "state_rows": sum(o.numRowsTotal for o in ops),
+                    "memory_used_bytes": sum(o.memoryUsedBytes for o in ops),
+                    "custom": {k: v for o in ops for k, v in (o.customMetrics or {}).items()},
+                })
+        finally:
+            spark.stop()
+    result = {"provider": provider, "phase": phase, "keys": keys, "heap": heap, "wall_s": wall,
+              "batches": batches, "peak_rss_bytes": sampler.peak, **checked}
+    return result
+
+
+# ------------------------------------------------------------------ driver
+
+def _phase_process(provider, phase, keys, workdir, data, heap, extra, log: Path) -> dict:
+    cmd = [sys.executable, "-m", "benchmarks.large", "phase", "--provider", provider, "--phase", phase,
+           "--keys", str(keys), "--workdir", str(workdir), "--data", str(data), "--heap", heap]
+    for k, v in extra.items():
+        cmd += ["--conf", f"{k}={v}"]
+    t0 = time.perf_counter()
+    with open(log, "a") as err:
+        err.write("$ " + " ".join(cmd) + "\n")
+        err.flush()
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=HERE.parent)
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    tail = log.read_text().splitlines()[-40:]
+    reason = next((l for l in tail if "OutOfMemoryError" in l), None) or next(
+        (l for l in reversed(tail) if "Error" in l or "Exception" in l), f"exit code {p.returncode}")
+    return {"provider": provider, "phase": phase, "keys": keys, "heap": heap, "failed": reason.strip()[:400],
+            "wall_s": time.perf_counter() - t0}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    one = sub.add_parser("phase", help="one phase in this process (a new application)")
+    one.add_argument("--provider", required=True)
+    one.add_argument("--phase", required=True, choices=["build", "restart", "steady", "dedup-build", "dedup-restart"])
+    run = sub.add_parser("run", help="every phase for every provider, interleaved")
+    run.add_argument("--providers", default="rocksdb,spark_state_fs")
+    run.add_argument("--phases", default="build,restart,steady,dedup-build,dedup-restart")
+    run.add_argument("--out", type=Path, default=HERE / "out" / "large")
+    for p in (one, run):
+        p.add_argument("--keys", type=int, default=10_000_000)
+        p.add_argument("--workdir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "bench-large")
+        p.add_argument("--data", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "bench-large-data")
+        p.add_argument("--heap", default="1g")
+        p.add_argument("--conf", action="append", default=[], help="extra Spark conf key=value")
+    args = ap.parse_args(argv)
+    extra = dict(c.split("=", 1) for c in args.conf)
+    if args.cmd == "phase":
+        res = run_phase(args.provider, args.phase, args.keys, args.workdir / args.provider, args.data, args.heap,
+                        extra)
+        print("RESULT " + json.dumps(res), flush=True)
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    make_data(args.data, args.keys)
+    results = []
+    for phase in args.phases.split(","):
+        for provider in args.providers.split(","):
+            res = _phase_process(provider, phase, args.keys, args.workdir / provider, args.data, args.heap, extra,
+                                 args.out / f"{provider}.log")
+            results.append(res)
+            print(json.dumps({k: v for k, v in res.items() if k != "batches"}), flush=True)
+            (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
