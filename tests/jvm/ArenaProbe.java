@@ -1,4 +1,7 @@
-package io.sparkstate.shim;
+package io.sparkstate.shim.engine;
+
+import io.sparkstate.shim.codec.KeyHasher;
+import io.sparkstate.shim.memory.MemoryBudget;
 
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
@@ -94,10 +97,12 @@ public class ArenaProbe {
       return new RowArena(KEY.fields().length, VALUE.fields().length, 0);
     }
     KeyHasher hasher = new KeyHasher(KEY, 1, Integer.getInteger("probe.maxParallelism", 4));
-    return new LayeredMap(KEY.fields().length, VALUE.fields().length, 0, hasher, BUDGET, e -> { });
+    return new LayeredMap(KEY.fields().length, VALUE.fields().length, 0, KeyOrder.of(hasher::hash, hasher::keyGroup),
+        ENGINE, e -> { });
   }
 
   static final MemoryBudget BUDGET = new MemoryBudget(Long.getLong("probe.budget", 1L << 30));
+  static final Engine ENGINE = new Engine(BUDGET);
 
   public static void main(String[] args) throws Exception {
     BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));

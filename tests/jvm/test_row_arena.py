@@ -27,7 +27,7 @@ MAPS = {
 
 @pytest.fixture(scope="module", params=sorted(MAPS))
 def probe(request, tmp_path_factory):
-    cmd = probe_command("ArenaProbe.java", "io.sparkstate.shim.ArenaProbe", tmp_path_factory.mktemp("arena-probe"),
+    cmd = probe_command("ArenaProbe.java", "io.sparkstate.shim.engine.ArenaProbe", tmp_path_factory.mktemp("arena-probe"),
                         "-ea", "-Dspark_state.arenaPageBytes=256", "-Dspark_state.arenaMinGarbage=512",
                         f"-Djava.io.tmpdir={tmp_path_factory.mktemp('spill')}", *MAPS[request.param], heap="256m")
     probe = Probe(cmd)

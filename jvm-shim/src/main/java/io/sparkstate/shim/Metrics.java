@@ -1,5 +1,7 @@
 package io.sparkstate.shim;
 
+import io.sparkstate.shim.engine.StateMap;
+
 import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;

@@ -1,5 +1,8 @@
 package io.sparkstate.shim;
 
+import io.sparkstate.shim.codec.ChangeLog;
+import io.sparkstate.shim.worker.ChangeStream;
+
 import org.apache.spark.TaskContext;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.execution.streaming.state.KeyStateEncoderSpec;
@@ -20,6 +23,8 @@ final class SparkStateStore extends StoreView implements StateStore {
   private enum State { UPDATING, COMMITTED, ABORTED }
 
   private final ChangeLog changes;
+  /** Where the log streams its chunks during the batch (null: a replayed store, nothing streams). */
+  private final ChangeStream stream;
   private volatile State state = State.UPDATING;
   private boolean commitSent;
 
@@ -29,10 +34,11 @@ final class SparkStateStore extends StoreView implements StateStore {
   private long commitTimeMs;
   private long bytesWritten;
 
-  SparkStateStore(SparkStateProvider provider, StateVersion base, ChangeLog changes, long loadTimeMs,
-      long restartsAtStart) {
+  SparkStateStore(SparkStateProvider provider, StateVersion base, ChangeLog changes, ChangeStream stream,
+      long loadTimeMs, long restartsAtStart) {
     super(provider, base);
     this.changes = changes;
+    this.stream = stream;
     this.loadTimeMs = loadTimeMs;
     this.restartsAtStart = restartsAtStart;
     TaskContext ctx = TaskContext.get();
@@ -71,7 +77,7 @@ final class SparkStateStore extends StoreView implements StateStore {
     checkUpdating("commit");
     long t0 = System.nanoTime();
     commitSent = true;
-    bytesWritten = provider.commit(this, changes);
+    bytesWritten = provider.commit(this, changes, stream);
     commitTimeMs = (System.nanoTime() - t0) / 1_000_000L;
     state = State.COMMITTED;
     return base.version + 1;

@@ -1,0 +1,88 @@
+package io.sparkstate.shim.codec;
+
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.util.Collections;
+
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
+
+/**
+ * Typed changes (file format 2) encoded into an Arrow stream as they happen, as HDFS's provider writes
+ * its delta file during the batch; every {@link ChunkSink#CHUNK_BYTES} of it is cut off and streamed
+ * to the worker (when the log has a {@link ChunkSink}), so commit ships only the rest. A key changed
+ * twice is in it twice; {@link KeyFingerprints} tell whether that may have happened, so the worker
+ * dedups only then. The stream and its Arrow memory are created at the first change.
+ */
+final class ArrowChangeLog implements ChangeLog {
+  /** Rows a streaming log's first buffer is sized for: about a chunk. */
+  private static final long CHUNK_ROWS = 2L * ArrowCodec.BATCH_ROWS;
+  private final TypedCodec codec;
+  private final KeyHasher hasher;
+  private final long expected;
+  private final ChunkSink stream;
+  private TypedCodec.Encoder encoder;
+  private KeyFingerprints keys;
+
+  /**
+   * {@code expected}: a guess of the batch's changes (sizes the stream and the fingerprints);
+   * {@code stream}: where full chunks go during the batch (null: everything at commit).
+   */
+  ArrowChangeLog(TypedCodec codec, KeyHasher hasher, long expected, ChunkSink stream) {
+    this.codec = codec;
+    this.hasher = hasher;
+    this.expected = expected;
+    this.stream = stream;
+  }
+
+  @Override
+  public void add(UnsafeRow key, UnsafeRow value) {
+    try {
+      if (encoder == null) {
+        // a streaming log's buffer holds one chunk (it leaves with it), not the whole batch
+        encoder = codec.newEncoder(stream == null ? expected : Math.min(expected, CHUNK_ROWS), hasher);
+        keys = new KeyFingerprints(expected);
+      }
+      keys.add(encoder.add(key, value), key);
+      // a log that changed a key twice is read back whole by the worker: streaming more of it gains nothing
+      if (stream != null && !keys.repeated() && encoder.betweenBatches()
+          && encoder.encodedBytes() >= ChunkSink.CHUNK_BYTES) {
+        stream.send(encoder.cut((int) Math.min(ChunkSink.CHUNK_BYTES * 2, 1 << 26)));
+      }
+    } catch (IOException e) {
+      throw new UncheckedIOException("spark_state: cannot encode a change", e);
+    }
+  }
+
+  @Override
+  public long size() {
+    return encoder == null ? 0 : encoder.rows();
+  }
+
+  @Override
+  public boolean mayRepeatKeys() {
+    return keys != null && keys.repeated();
+  }
+
+  @Override
+  public ArrowCodec.Body finish() throws IOException {
+    if (encoder == null) {
+      return codec.encode(Collections.emptyIterator(), 0, hasher);
+    }
+    ArrowCodec.Body body = encoder.finish();
+    encoder = null;
+    keys = null;
+    return body;
+  }
+
+  @Override
+  public void close() {
+    if (encoder != null) {
+      encoder.close();
+      encoder = null;
+      keys = null;
+    }
+    if (stream != null) {
+      stream.discard();
+    }
+  }
+}
