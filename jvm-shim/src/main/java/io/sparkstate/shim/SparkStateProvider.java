@@ -106,6 +106,10 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
   private boolean closed;
   /** Time spent loading {@link #live} not yet reported by a store's metrics. Guarded by {@code this}. */
   private long unreportedLoadMs;
+  /** Rows loads decoded into the heap not yet reported by a store's metrics. Guarded by {@code this}. */
+  private long unreportedRowsLoaded;
+  /** Rows the last load decoded (the stream's rows). Guarded by {@code this}. */
+  private long lastLoadRows;
   /** The version this provider last loaded or committed (-1: none); maintenance retains around it. */
   private volatile long heldVersion = -1;
   /** The worker's maintenance status of this store, as it last reported it. */
@@ -236,8 +240,9 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     live.rows.endBatch();
     ChangeStream stream = new ChangeStream(client, version + 1);
     ChangeLog changes = format.newChangeLog(Math.min(lastChanges, MAX_EXPECTED_CHANGES), stream);
-    open = new SparkStateStore(this, live, changes, stream, unreportedLoadMs, restarts);
+    open = new SparkStateStore(this, live, changes, stream, unreportedLoadMs, unreportedRowsLoaded, restarts);
     unreportedLoadMs = 0;
+    unreportedRowsLoaded = 0;
     return open;
   }
 
@@ -285,6 +290,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     heldVersion = version;
     if (live != held) {
       unreportedLoadMs += (System.nanoTime() - t0) / 1_000_000L;
+      unreportedRowsLoaded += lastLoadRows;
     }
   }
 
@@ -314,7 +320,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     if (loaded == null) {
       return known;
     }
-    long images = loaded.rows.imageRows();
+    long images = loaded.rows.stats().diskRows();
     if (images > 0) {
       LOG.info("spark_state: loaded version {} of {} lazily (a row image of {} rows, the changes after it on the heap) "
           + "in {} ms", version, stateStoreId, images, (System.nanoTime() - t0) / 1_000_000L);
@@ -329,6 +335,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
   private static final StateVersion IMAGE_UNUSABLE = new StateVersion(null, -1, null, false);
 
   private StateVersion decodeWhole(long version, long rows, String commitId, InputStream state) throws IOException {
+    lastLoadRows = rows;
     StateMap map = newMap(rows);
     try {
       boolean typed = ArrowCodec.decodeState(state, keySchema, valueSchema, map::put);
@@ -345,6 +352,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
    */
   private StateVersion onImage(long version, long changes, String commitId, StoreClient.Image image,
       InputStream state) throws IOException {
+    lastLoadRows = changes;
     Restore restore = Engine.executor().restore(spec, image.path, image.rows, image.temporary, changes);
     if (restore == null) {
       return IMAGE_UNUSABLE;
@@ -468,7 +476,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
       Option<String> startStateStoreCkptId, Option<String> endStateStoreCkptId) {
     checkVersion(snapshotVersion, startStateStoreCkptId);
     checkVersion(endVersion, endStateStoreCkptId);
-    return new SparkStateStore(this, history().replay(snapshotVersion, endVersion), format.newChangeLog(0, null), null,
+    return new SparkStateStore(this, history().replay(snapshotVersion, endVersion), format.newChangeLog(0, null), null, 0,
         0, client.restarts());
   }
 

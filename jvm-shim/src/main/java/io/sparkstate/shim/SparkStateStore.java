@@ -1,6 +1,8 @@
 package io.sparkstate.shim;
 
 import io.sparkstate.shim.codec.ChangeLog;
+import io.sparkstate.shim.engine.LocalStats;
+import io.sparkstate.shim.engine.StateMap;
 import io.sparkstate.shim.worker.ChangeStream;
 
 import org.apache.spark.TaskContext;
@@ -30,16 +32,20 @@ final class SparkStateStore extends StoreView implements StateStore {
 
   // metrics of this store's batch
   private final long loadTimeMs;
+  private final long rowsLoaded;
+  private final LocalStats atStart;
   private final long restartsAtStart;
   private long commitTimeMs;
   private long bytesWritten;
 
   SparkStateStore(SparkStateProvider provider, StateVersion base, ChangeLog changes, ChangeStream stream,
-      long loadTimeMs, long restartsAtStart) {
+      long loadTimeMs, long rowsLoaded, long restartsAtStart) {
     super(provider, base);
     this.changes = changes;
     this.stream = stream;
     this.loadTimeMs = loadTimeMs;
+    this.rowsLoaded = rowsLoaded;
+    this.atStart = rows.stats();
     this.restartsAtStart = restartsAtStart;
     TaskContext ctx = TaskContext.get();
     if (ctx != null) {
@@ -59,16 +65,16 @@ final class SparkStateStore extends StoreView implements StateStore {
       throw new IllegalArgumentException("spark_state: cannot put a null value");
     }
     checkUpdating("put");
-    rows.put(key, value);
-    changes.add(key, value);
+    changes.add(key, value, rows.put(key, value) == StateMap.CHANGED);
   }
 
   @Override
   public void remove(UnsafeRow key, String colFamilyName) {
     Unsupported.checkColumnFamily(colFamilyName, provider);
     checkUpdating("remove");
-    if (rows.remove(key) != null) {
-      changes.add(key, null);
+    int was = rows.remove(key);
+    if (was != StateMap.ABSENT) {
+      changes.add(key, null, was == StateMap.CHANGED);
     }
   }
 
@@ -106,7 +112,8 @@ final class SparkStateStore extends StoreView implements StateStore {
 
   @Override
   public StateStoreMetrics metrics() {
-    return Metrics.of(rows, commitTimeMs, loadTimeMs, bytesWritten, provider.workerRestarts() - restartsAtStart,
+    return Metrics.of(rows, atStart, commitTimeMs, loadTimeMs, rowsLoaded, bytesWritten,
+        provider.workerRestarts() - restartsAtStart,
         provider.maintenanceFailures());
   }
 

@@ -9,11 +9,12 @@ import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 /**
  * Typed changes (file format 2) encoded into an Arrow stream as they happen, as HDFS's provider writes
  * its delta file during the batch; every {@link ChunkSink#CHUNK_BYTES} of it is cut off and streamed
- * to the worker (when the log has a {@link ChunkSink}), so commit ships only the rest. A key changed
- * twice is in it twice; {@link KeyFingerprints} tell whether that may have happened, so the worker
- * dedups only then. The stream and its Arrow memory are created at the first change.
+ * to the worker (when the log has a {@link ChunkSink}), so commit ships only the rest and the log holds
+ * about a chunk whatever the batch. A key changed twice is in it twice (the store says so, see
+ * {@link ChangeLog#add}), and the worker then keeps each key's last row. The stream and its Arrow memory
+ * are created at the first change.
  */
-final class ArrowChangeLog implements ChangeLog {
+public final class ArrowChangeLog implements ChangeLog {
   /** Rows a streaming log's first buffer is sized for: about a chunk. */
   private static final long CHUNK_ROWS = 2L * ArrowCodec.BATCH_ROWS;
   private final TypedCodec codec;
@@ -21,10 +22,10 @@ final class ArrowChangeLog implements ChangeLog {
   private final long expected;
   private final ChunkSink stream;
   private TypedCodec.Encoder encoder;
-  private KeyFingerprints keys;
+  private boolean repeated;
 
   /**
-   * {@code expected}: a guess of the batch's changes (sizes the stream and the fingerprints);
+   * {@code expected}: a guess of the batch's changes (sizes the first buffer);
    * {@code stream}: where full chunks go during the batch (null: everything at commit).
    */
   ArrowChangeLog(TypedCodec codec, KeyHasher hasher, long expected, ChunkSink stream) {
@@ -35,17 +36,15 @@ final class ArrowChangeLog implements ChangeLog {
   }
 
   @Override
-  public void add(UnsafeRow key, UnsafeRow value) {
+  public void add(UnsafeRow key, UnsafeRow value, boolean again) {
     try {
       if (encoder == null) {
         // a streaming log's buffer holds one chunk (it leaves with it), not the whole batch
         encoder = codec.newEncoder(stream == null ? expected : Math.min(expected, CHUNK_ROWS), hasher);
-        keys = new KeyFingerprints(expected);
       }
-      keys.add(encoder.add(key, value), key);
-      // a log that changed a key twice is read back whole by the worker: streaming more of it gains nothing
-      if (stream != null && !keys.repeated() && encoder.betweenBatches()
-          && encoder.encodedBytes() >= ChunkSink.CHUNK_BYTES) {
+      encoder.add(key, value);
+      repeated |= again;
+      if (stream != null && encoder.betweenBatches() && encoder.encodedBytes() >= ChunkSink.CHUNK_BYTES) {
         stream.send(encoder.cut((int) Math.min(ChunkSink.CHUNK_BYTES * 2, 1 << 26)));
       }
     } catch (IOException e) {
@@ -60,7 +59,7 @@ final class ArrowChangeLog implements ChangeLog {
 
   @Override
   public boolean mayRepeatKeys() {
-    return keys != null && keys.repeated();
+    return repeated;
   }
 
   @Override
@@ -70,7 +69,6 @@ final class ArrowChangeLog implements ChangeLog {
     }
     ArrowCodec.Body body = encoder.finish();
     encoder = null;
-    keys = null;
     return body;
   }
 
@@ -79,7 +77,6 @@ final class ArrowChangeLog implements ChangeLog {
     if (encoder != null) {
       encoder.close();
       encoder = null;
-      keys = null;
     }
     if (stream != null) {
       stream.discard();

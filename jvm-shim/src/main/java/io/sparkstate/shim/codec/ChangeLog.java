@@ -15,8 +15,12 @@ import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
  * encoded at each change) or {@link MapChangeLog} (opaque rows, encoded at commit).
  */
 public interface ChangeLog extends AutoCloseable {
-  /** Records that {@code key} now has {@code value} (null: removed). Copies what it keeps. */
-  void add(UnsafeRow key, UnsafeRow value);
+  /**
+   * Records that {@code key} now has {@code value} (null: removed). Copies what it keeps. {@code again}:
+   * the batch changed the key before (the store knows: it looked the key up anyway), so the log names it
+   * twice and the worker keeps its last row.
+   */
+  void add(UnsafeRow key, UnsafeRow value, boolean again);
 
   /** Changes recorded so far (a key changed twice may count twice). */
   long size();

@@ -22,7 +22,7 @@ public final class MapChangeLog implements ChangeLog {
   }
 
   @Override
-  public void add(UnsafeRow key, UnsafeRow value) {
+  public void add(UnsafeRow key, UnsafeRow value, boolean again) {   // the map keeps a key once
     rows.put(key.copy(), value == null ? null : value.copy());
   }
 

@@ -3,6 +3,9 @@ package io.sparkstate.shim.engine;
 import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.atomic.AtomicLong;
 
 import io.sparkstate.shim.memory.MemoryBudget;
 import org.slf4j.Logger;
@@ -17,8 +20,20 @@ public final class Engine {
   private static final Logger LOG = LoggerFactory.getLogger(Engine.class);
   private static final Engine EXECUTOR = new Engine(MemoryBudget.executor());
 
+  /** Spills of an executor after which it says, once, that state rows spill (WARN: Spark's default level). */
+  static final int SPILLS_BEFORE_NOTICE = 3;
+
   private final MemoryBudget budget;
   private final BlockCache cache;
+  /** Background merges of runs: one thread for the executor, so merges never take more than a core. */
+  private final ExecutorService merger = Executors.newSingleThreadExecutor(r -> {
+    Thread t = new Thread(r, "spark-state-merge");
+    t.setDaemon(true);
+    t.setPriority(Thread.NORM_PRIORITY - 1);
+    return t;
+  });
+  private final AtomicLong spills = new AtomicLong();
+  private final AtomicLong spilledBytes = new AtomicLong();
 
   public Engine(MemoryBudget budget) {
     this.budget = budget;
@@ -35,6 +50,33 @@ public final class Engine {
 
   BlockCache cache() {
     return cache;
+  }
+
+  /** Runs {@code job} on the merge thread. */
+  void merge(Runnable job) {
+    merger.execute(job);
+  }
+
+  /**
+   * A store spilled {@code heapBytes} of rows into {@code fileBytes} of runs. The executor's first few
+   * spills are part of life with state larger than memory; from the third on the executor says so once,
+   * at WARN, with the option that changes it.
+   */
+  void spilled(long heapBytes, long fileBytes) {
+    long n = spills.incrementAndGet();
+    spilledBytes.addAndGet(fileBytes);
+    if (n == SPILLS_BEFORE_NOTICE) {
+      LOG.warn("spark_state: state rows spill to local disk ({} spills, {} MiB written so far; memory budget {} MiB, "
+          + "in use {}). Expected when the state is larger than the budget; if batches slow down, raise "
+          + "spark.sql.streaming.stateStore.sparkState.memoryLimit or the executor memory. The progress metrics "
+          + "sparkStateSpills and sparkStateSpilledBytes count them.", n, spilledBytes.get() >> 20,
+          budget.limit() >> 20, budget.usedByKind());
+    }
+  }
+
+  /** Spills of every store of this engine so far. */
+  public long spills() {
+    return spills.get();
   }
 
   /** An empty store for about {@code expectedRows} keys. */

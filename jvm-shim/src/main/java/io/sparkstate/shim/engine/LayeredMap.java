@@ -1,7 +1,6 @@
 package io.sparkstate.shim.engine;
 
 import java.io.IOException;
-import java.io.UncheckedIOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -20,111 +19,120 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * The {@link StateMap} of stores without prefix scans: a partition's rows in two layers, so state can
- * be larger than the heap and a restore need not decode it.
+ * The {@link StateMap} of stores without prefix scans, a small log-structured merge tree, so state can be
+ * far larger than the heap and a restore need not decode it:
  * <ul>
- *   <li>the <b>base</b>: a {@link RowImage} on local disk, read a block at a time through the
- *   executor's {@link BlockCache}: the image of the checkpoint's snapshot a restore starts from, or
- *   a spill file this map wrote. It holds a whole state, no tombstones.
- *   <li>the <b>overlay</b>: a {@link RowArena} of the keys whose value differs from the base, and one
- *   of tombstones for keys the base holds that were removed since.
+ *   <li>in the heap, a {@link RowArena} of the keys changed since they were last written to disk, and one
+ *   of tombstones for keys removed since (records carry the batch that wrote them);
+ *   <li>on local disk, sorted {@link Run}s, newest first, each with a key filter; at the bottom, when the
+ *   store was restored from one, the checkpoint's own row image.
  * </ul>
- * With no base this is the arena alone (the same speed). When the overlays of the executor's maps
- * take more than the {@link MemoryBudget}, the putting map spills: it merges its overlay into its
- * base, in sort order, as a new local image (opened, then unlinked at once, so nothing is left on
- * disk when the store closes or the executor dies), and starts an empty overlay. The image is a cache
- * of state the checkpoint holds: a damaged one fails the task and the store reloads from the
- * checkpoint.
+ * A lookup reads the heap, then each run from the newest; a run's filter rules out almost every key it
+ * does not hold, so an absent key costs no block read. When the executor's {@link MemoryBudget} is full,
+ * the putting store <b>spills</b>: its heap rows, sorted, become a new run (the changes, not the state;
+ * the rows a batch changed and older ones go to separate runs, so a key changed twice in a batch is
+ * always known). Runs of similar size are <b>merged</b> in the background (each merge at least doubles a
+ * run, so a row is rewritten about log2(state / spill) times and a store keeps a few runs); the bottom
+ * image is never rewritten, so restores stay lazy. Runs are unlinked once open, so nothing is left on
+ * disk when the store closes or the executor dies; they are a cache of state the checkpoint holds: a
+ * damaged one fails the task and the store reloads from the checkpoint.
  *
- * <p>Iteration returns each key live at its start and not removed meanwhile exactly once; a value
- * replaced before it is reached is returned new; keys added meanwhile may or may not be (the arena's
- * contract). The overlay is walked first, then the base, skipping keys the overlay holds or deleted:
- * a key that moves into the overlay while an iterator runs is noted by that iterator, which returns
- * it from the overlay when its walk of the base reaches it. Spills wait until no iterator is open.
- * Every method is synchronized, as the arena's.
+ * <p>The key count is exact without walking the state: a put or remove of a key the heap does not hold
+ * looks it up below (the filters answer for new keys). Iteration follows {@link StateMap}'s contract: the
+ * heap rows first, then the runs merged, skipping keys the heap holds or deleted; a key that moves into
+ * the heap while an iterator runs is noted by that iterator, which returns it from the heap when its walk
+ * of the runs reaches it. Spills wait until no iterator is open; merges do not (an iterator holds the
+ * runs it walks). Every method is synchronized, as the arena's.
  */
 final class LayeredMap implements StateMap {
   private static final Logger LOG = LoggerFactory.getLogger(LayeredMap.class);
   /** Puts between two looks at the memory budget. */
   private static final int CHECK_EVERY = Math.max(1, Integer.getInteger("spark_state.spillCheckEvery", 1024));
-  /**
-   * An overlay smaller than this never spills (many small stores would write tiny files), nor one
-   * smaller than an eighth of the budget's rows share.
-   */
+  /** Heap rows smaller than this never spill (many small stores would write tiny files), nor below 1/64 of the budget. */
   static final long MIN_SPILL_BYTES = Long.getLong("spark_state.minSpillBytes", 4L << 20);
+  /** Most runs a store keeps (the bottom aside) before it merges its newest two whatever their sizes. */
+  static final int MAX_RUNS = 8;
   private static final UnsafeRow NO_VALUE = emptyRow();
 
   private final int keyFields;
   private final int valueFields;
-  private final KeyOrder hasher;
+  private final KeyOrder order;
   private final Engine engine;
-  private final Reservation reservation;
   private final Consumer<RowImageException> onDamage;
+  /** The heap rows' share of the budget. */
+  private final Reservation heap;
   private RowArena overlay;
   private RowArena tombstones;
-  private RowImage base;
-  private long baseRows;
-  /** Keys in the map; exact unless {@link #sizeUnknown} (changes loaded blind over a base). */
+  /** Newest first, the bottom last; replaced whole under the lock (a scan or a merge holds its own list). */
+  private List<Run> runs = List.of();
+  /** The batch now (see {@link #endBatch}); heap records carry its low 8 bits, runs of its rows alone all of it. */
+  private long batch;
+  /** Keys in the map; exact unless {@link #sizeUnknown} (changes restored blind over an image). */
   private long size;
   private boolean sizeUnknown;
   private boolean closed;
   private int sinceCheck;
-  /** The overlay's heap as last measured: what the budget sums without taking this map's lock. */
-  private volatile long heldBytes;
-  /** The overlay's bytes when a spill last failed (0: it did not): the next try waits for twice as many. */
+  /** The heap rows' bytes when a spill last failed (0: it did not): the next try waits for twice as many. */
   private long failedSpillBytes;
   private final List<Scan> scans = new ArrayList<>();
+  /** A merge of this store is queued or running (one at a time). */
+  private boolean merging;
+  /** The run the last {@link #below} found its answer in, or null. */
+  private Run found;
   private long spills;
+  private long spilledBytes;
+  private long merges;
+  private long mergedBytes;
 
   /**
-   * {@code onDamage}: told of a row image that failed a read (before the exception reaches Spark), so the
+   * {@code onDamage}: told of a local file that failed a read (before the exception reaches Spark), so the
    * provider can load rows instead of images from then on.
    */
-  public LayeredMap(int keyFields, int valueFields, long expectedRows, KeyOrder hasher, Engine engine,
+  LayeredMap(int keyFields, int valueFields, long expectedRows, KeyOrder order, Engine engine,
       Consumer<RowImageException> onDamage) {
     this.onDamage = onDamage;
     this.keyFields = keyFields;
     this.valueFields = valueFields;
-    this.hasher = hasher;
+    this.order = order;
     this.engine = engine;
     this.overlay = new RowArena(keyFields, valueFields, expectedRows);
     this.tombstones = new RowArena(keyFields, 0, 16);
-    this.reservation = engine.budget().reserve("rows", this);
+    this.heap = engine.budget().reserve("rows", this);
   }
 
   /**
-   * Makes {@code image} (a whole state of {@code rows} keys, no tombstones) this map's base; call on an
+   * Makes {@code image} (a whole state of {@code rows} keys, no tombstones) this map's bottom; call on an
    * empty map, before any change. The map closes it.
    */
   synchronized void setBase(RowImage image, long rows) {
-    if (overlay.size() > 0 || tombstones.size() > 0 || base != null) {
+    if (overlay.size() > 0 || tombstones.size() > 0 || !runs.isEmpty()) {
       throw new IllegalStateException("spark_state: a base image goes under an empty map");
     }
-    base = image;
-    baseRows = rows;
+    runs = List.of(newRun(image, true, Run.MIXED, image.path()));
     size = rows;
   }
 
   /**
-   * Applies a change loaded from the checkpoint on top of the base (value null: a delete) without
-   * looking the key up in the base: a restore's changes cost no block reads. The key count is
-   * resolved in one sorted pass over the base when it is first asked ({@link #size}).
+   * Applies a change restored from the checkpoint on top of the runs (value null: a delete) without
+   * looking the key up: a restore's changes cost no block reads. The key count is then unknown until
+   * {@link #knowSize} tells it, or {@link #size} walks the layers once.
    */
   synchronized void loadChange(UnsafeRow key, UnsafeRow value) {
     checkOpen();
     if (value == null) {
       overlay.remove(key);
-      if (base != null) {
+      if (mayBeBelow(key)) {
         tombstones.put(key, NO_VALUE);
       }
     } else {
       tombstones.remove(key);
       overlay.put(key, value);
     }
-    sizeUnknown = base != null;
-    if (base == null) {
+    sizeUnknown = !runs.isEmpty();
+    if (runs.isEmpty()) {
       size = overlay.size();
     }
+    countChange();
   }
 
   /** The exact key count, known from elsewhere (the worker counted the version's keys). */
@@ -144,77 +152,113 @@ final class LayeredMap implements StateMap {
 
   @Override
   public synchronized long bytes() {
-    return overlay.bytes() + tombstones.bytes() + (base == null ? 0 : base.heapBytes());
+    long n = overlay.bytes() + tombstones.bytes();
+    for (Run r : runs) {
+      n += r.image.heapBytes();
+    }
+    return n;
   }
 
   @Override
-  public synchronized long imageRows() {
-    return base == null ? 0 : baseRows;
+  public synchronized LocalStats stats() {
+    long disk = 0;
+    for (Run r : runs) {
+      disk += r.records();
+    }
+    return new LocalStats(overlay.bytes() + tombstones.bytes(), disk, runs.size(), spills, spilledBytes, merges,
+        mergedBytes);
   }
 
-  /** The heap the in-heap layer (overlay and tombstones) takes now. */
+  /** The heap the in-heap rows (and tombstones) take now. */
   synchronized long overlayBytesNow() {
     return overlay.bytes() + tombstones.bytes();
-  }
-
-  /** The overlay's heap as last measured (no lock: the budget reads it from other stores' threads). */
-  long overlayBytes() {
-    return heldBytes;
   }
 
   synchronized long spills() {
     return spills;
   }
 
+  /** Waits until no merge of this store is queued or running (tests, benchmarks); false on timeout. */
+  synchronized boolean awaitMerges(long timeoutMs) throws InterruptedException {
+    long end = System.currentTimeMillis() + timeoutMs;
+    while (merging) {
+      long left = end - System.currentTimeMillis();
+      if (left <= 0) {
+        return false;
+      }
+      wait(Math.min(left, 50));
+    }
+    return true;
+  }
+
+  /** Runs on local disk now, the bottom included (tests). */
+  synchronized int runCount() {
+    return runs.size();
+  }
+
   @Override
   public synchronized UnsafeRow get(UnsafeRow key) {
     checkOpen();
     UnsafeRow v = overlay.get(key);
-    if (v != null || base == null || tombstones.get(key) != null) {
+    if (v != null || runs.isEmpty() || (tombstones.size() > 0 && tombstones.get(key) != null)) {
       return v;
     }
-    return baseGet(key);
+    v = below(key, order.hash(key));
+    return v == RowImage.DELETED ? null : v;
   }
 
   @Override
-  public synchronized UnsafeRow put(UnsafeRow key, UnsafeRow value) {
+  public synchronized int put(UnsafeRow key, UnsafeRow value) {
     checkOpen();
-    UnsafeRow old = overlay.put(key, value);
-    if (old == null) {
-      if (!scans.isEmpty()) {
-        UnsafeRow copy = key.copy();
-        for (Scan s : scans) {
-          s.added.add(copy);
-        }
-      }
-      if (base == null || tombstones.remove(key) != null) {
+    int status;
+    if (overlay.put(key, value) != null) {
+      status = overlay.previousEpoch() == epoch() ? CHANGED : HELD;
+    } else {
+      noteAdded(key);
+      if (tombstones.size() > 0 && tombstones.remove(key) != null) {
         size++;
+        status = tombstones.previousEpoch() == epoch() ? CHANGED : ABSENT;
+      } else if (runs.isEmpty()) {
+        size++;
+        status = ABSENT;
       } else {
-        old = baseGet(key);
-        if (old == null) {
+        UnsafeRow old = below(key, order.hash(key));
+        boolean thisBatch = found != null && found.batch == batch;
+        if (old == null || old == RowImage.DELETED) {
           size++;
+          status = old != null && thisBatch ? CHANGED : ABSENT;
+        } else {
+          status = thisBatch ? CHANGED : HELD;
         }
       }
     }
     countChange();
-    return old;
+    return status;
   }
 
   @Override
-  public synchronized UnsafeRow remove(UnsafeRow key) {
+  public synchronized int remove(UnsafeRow key) {
     checkOpen();
-    UnsafeRow old = overlay.remove(key);
-    if (old == null && base != null && tombstones.get(key) == null) {
-      old = baseGet(key);
-    }
-    if (old != null) {
-      size--;
-      if (base != null) {
-        tombstones.put(key, NO_VALUE);   // whether or not the base holds the key: a tombstone hides nothing else
+    int status;
+    if (overlay.remove(key) != null) {
+      status = overlay.previousEpoch() == epoch() ? CHANGED : HELD;
+      // a tombstone even when no run holds the key: a put later in the batch must know the key was changed
+      // (spills drop the tombstones no run needs, and a batch's end those of a store without runs)
+      tombstones.put(key, NO_VALUE);
+    } else {
+      if (runs.isEmpty() || (tombstones.size() > 0 && tombstones.get(key) != null)) {
+        return ABSENT;
       }
-      countChange();
+      UnsafeRow old = below(key, order.hash(key));
+      if (old == null || old == RowImage.DELETED) {
+        return ABSENT;
+      }
+      status = found.batch == batch ? CHANGED : HELD;
+      tombstones.put(key, NO_VALUE);
     }
-    return old;
+    size--;
+    countChange();
+    return status;
   }
 
   @Override
@@ -232,31 +276,64 @@ final class LayeredMap implements StateMap {
   }
 
   /**
-   * Forgets iterators a batch left unfinished (Spark need not drain them), so spills may run again, and
-   * spills now if the budget is exceeded (a batch of fewer puts than a check interval spills here).
+   * A batch ends (or begins): iterators it left unfinished are forgotten (Spark need not drain them), the
+   * heap rows spill if the budget is exceeded (a batch of fewer puts than a check interval spills here),
+   * and later writes belong to a new batch.
    */
   @Override
   public synchronized void endBatch() {
+    for (Scan s : scans) {
+      s.release();
+    }
     scans.clear();
+    if (runs.isEmpty() && tombstones.size() > 0) {
+      tombstones = new RowArena(keyFields, 0, 16);   // nothing below to hide
+    }
     maybeSpill();
+    batch++;
+    overlay.setEpoch(epoch());
+    tombstones.setEpoch(epoch());
+    scheduleMerge();
   }
 
   /**
-   * Closes the base image and frees the budget. Any later use fails loudly (never answers "absent" for
-   * rows it can no longer read): a store still holding the map fails its task, and the retry reloads.
+   * Closes the runs and frees the budget. Any later use fails loudly (never answers "absent" for rows it
+   * can no longer read): a store still holding the map fails its task, and the retry reloads.
    */
   @Override
   public synchronized void close() {
+    if (closed) {
+      return;
+    }
     closed = true;
-    reservation.close();
-    heldBytes = 0;
-    closeBase();
+    heap.close();
+    for (Scan s : scans) {
+      s.release();
+    }
+    scans.clear();
+    for (Run r : runs) {
+      r.release();
+    }
+    runs = List.of();
   }
 
   private void checkOpen() {
     if (closed) {
       throw new IllegalStateException("spark_state: this version's rows were dropped (the provider was unloaded "
           + "or reloaded the version); the task must be retried");
+    }
+  }
+
+  private int epoch() {
+    return (int) batch & 0xFF;
+  }
+
+  private void noteAdded(UnsafeRow key) {
+    if (!scans.isEmpty()) {
+      UnsafeRow copy = key.copy();
+      for (Scan s : scans) {
+        s.added.add(copy);
+      }
     }
   }
 
@@ -267,12 +344,64 @@ final class LayeredMap implements StateMap {
     }
   }
 
+  // ------------------------------------------------------------------ runs
+
+  /**
+   * The key's newest record below the heap: its value, {@link RowImage#DELETED}, or null; {@link #found}
+   * names the run that answered.
+   */
+  private UnsafeRow below(UnsafeRow key, int hash) {
+    found = null;
+    int keyGroup = order.keyGroup(hash);
+    try {
+      for (Run r : runs) {
+        UnsafeRow v = r.image.get(keyGroup, hash, key);
+        if (v != null) {
+          found = r;
+          return v;
+        }
+      }
+    } catch (RowImageException e) {
+      throw damaged(e);
+    }
+    return null;
+  }
+
+  /** Whether some run may hold the key (a tombstone is needed to hide it). */
+  private boolean mayBeBelow(UnsafeRow key) {
+    if (runs.isEmpty()) {
+      return false;
+    }
+    int hash = order.hash(key);
+    for (Run r : runs) {
+      if (r.image.mightContain(hash)) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  private Run newRun(RowImage image, boolean bottom, long batchOfRun, Path file) {
+    long bytes;
+    try {
+      bytes = Files.exists(file) ? Files.size(file) : 0;
+    } catch (IOException e) {
+      bytes = 0;
+    }
+    return new Run(image, bottom, batchOfRun, bytes, engine.budget().reserve("runs", null));
+  }
+
+  /** Tells the owner of a damaged file; returns the exception for the caller to throw. */
+  private RowImageException damaged(RowImageException e) {
+    onDamage.accept(e);
+    return e;
+  }
+
   // ------------------------------------------------------------------ spills
 
   private void maybeSpill() {
     long mine = overlay.bytes() + tombstones.bytes();
-    heldBytes = mine;
-    reservation.set(mine);
+    heap.set(mine);
     MemoryBudget budget = engine.budget();
     if (!budget.overLimit()) {
       return;
@@ -292,179 +421,259 @@ final class LayeredMap implements StateMap {
     }
   }
 
-  /** Merges the overlay into the base as a new local image; the overlay starts empty. */
+  /**
+   * Writes the heap rows, sorted, as new runs (this batch's rows in one, older ones in another) and empties
+   * the heap. Older tombstones no run may need are dropped.
+   */
   synchronized void spill() throws IOException {
     checkOpen();
     long t0 = System.nanoTime();
-    Path file = SpillDirectory.newFile();
-    long rows;
-    try {
-      try (RowImageWriter out = new RowImageWriter(file, RowImageWriter.DEFAULT_BLOCK_BYTES, true)) {
-        writeMerged(out);
-        rows = out.records();
-        out.finish();
+    int no = (int) overlay.size();
+    int nt = (int) tombstones.size();
+    long[] sortKeys = new long[no + nt];
+    int[] hashes = new int[no + nt];
+    int[] slots = new int[no + nt];   // overlay slot, or -1 - tombstone slot
+    boolean[] now = new boolean[no + nt];
+    int n = 0;
+    int current = 0;
+    int e = epoch();
+    for (int pass = 0; pass < 2; pass++) {
+      RowArena layer = pass == 0 ? overlay : tombstones;
+      for (int i = 0, count = layer.slotCount(); i < count; i++) {
+        UnsafeRow key = layer.keyAtSlot(i);
+        if (key == null) {
+          continue;
+        }
+        int h = order.hash(key);
+        boolean thisBatch = layer.epochAtSlot(i) == e;
+        if (pass == 1 && !thisBatch && !mightHold(h)) {
+          continue;   // no run holds the key: nothing to hide (this batch's tombstones say the key was changed)
+        }
+        sortKeys[n] = RowImage.sortKey(order.keyGroup(h), h);
+        hashes[n] = h;
+        slots[n] = pass == 0 ? i : -1 - i;
+        now[n] = thisBatch;
+        current += now[n] ? 1 : 0;
+        n++;
       }
-      RowImage next = RowImage.open(file, keyFields, valueFields, engine.cache(), true);
-      RowImage before = base;
-      base = next;
-      if (before != null) {
+    }
+    long[] exact = n == sortKeys.length ? sortKeys : java.util.Arrays.copyOf(sortKeys, n);
+    int[] sorted = RowImageWriter.sortedPositions(exact);
+    List<Run> made = new ArrayList<>(2);
+    long written = 0;
+    try {
+      for (boolean thisBatch : new boolean[] {true, false}) {
+        int count = thisBatch ? current : n - current;
+        if (count == 0) {
+          continue;
+        }
+        Path file = SpillDirectory.newFile();
         try {
-          before.close();
-        } catch (IOException e) {
-          LOG.warn("spark_state: cannot close the row image {}: {}", before.path(), e.toString());
+          try (RowImageWriter out = new RowImageWriter(file, RowImageWriter.DEFAULT_BLOCK_BYTES, true, count)) {
+            for (int p : sorted) {
+              if (now[p] != thisBatch) {
+                continue;
+              }
+              int s = slots[p];
+              UnsafeRow key = s >= 0 ? overlay.keyAtSlot(s) : tombstones.keyAtSlot(-1 - s);
+              out.add((int) (exact[p] >>> 32), hashes[p], key, s >= 0 ? overlay.valueAtSlot(s) : null);
+            }
+            written += out.finish();
+          }
+          RowImage image = RowImage.open(file, keyFields, valueFields, engine.cache(), true);
+          made.add(newRun(image, false, thisBatch ? batch : Run.MIXED, file));
+        } finally {
+          Files.deleteIfExists(file);   // open images read through their descriptor; nothing stays on disk
         }
       }
-    } finally {
-      Files.deleteIfExists(file);   // open images read through their descriptor; nothing stays on disk
+    } catch (IOException | RuntimeException ex) {
+      for (Run r : made) {
+        r.release();
+      }
+      throw ex;
     }
-    baseRows = rows;
-    size = rows;
-    sizeUnknown = false;
+    List<Run> next = new ArrayList<>(made);
+    next.addAll(runs);
+    runs = List.copyOf(next);
     long freed = overlay.bytes() + tombstones.bytes();
     overlay = new RowArena(keyFields, valueFields, 16);
     tombstones = new RowArena(keyFields, 0, 16);
-    heldBytes = overlay.bytes();
-    reservation.set(heldBytes);
+    overlay.setEpoch(e);
+    tombstones.setEpoch(e);
+    heap.set(overlay.bytes() + tombstones.bytes());
     spills++;
-    LOG.info("spark_state: spilled {} bytes of state rows to local disk ({} rows in the image) in {} ms", freed,
-        rows, (System.nanoTime() - t0) / 1_000_000L);
+    spilledBytes += written;
+    engine.spilled(freed, written);
+    LOG.info("spark_state: spilled {} bytes of state rows to local disk ({} records, {} bytes in {} run(s); {} runs "
+        + "now) in {} ms", freed, n, written, made.size(), runs.size(), (System.nanoTime() - t0) / 1_000_000L);
+    scheduleMerge();
   }
 
-  /** The overlay sorted by sort key, merged with the base's records the overlay does not replace or delete. */
-  private void writeMerged(RowImageWriter out) throws IOException {
-    int n = (int) overlay.size();
-    long[] sortKeys = new long[n];
-    int[] slots = new int[n];
-    int m = 0;
-    for (int i = 0, count = overlay.slotCount(); i < count && m < n; i++) {
-      UnsafeRow key = overlay.keyAtSlot(i);
-      if (key != null) {
-        int h = hasher.hash(key);
-        sortKeys[m] = RowImage.sortKey(hasher.keyGroup(h), h);
-        slots[m++] = i;
+  /** Whether some run's filter lets the hash through. */
+  private boolean mightHold(int hash) {
+    for (Run r : runs) {
+      if (r.image.mightContain(hash)) {
+        return true;
       }
     }
-    int[] order = RowImageWriter.sortedPositions(sortKeys);
-    RowImage.Cursor below = base == null ? null : base.cursor();
-    boolean more = below != null && below.next();
-    for (int p : order) {
-      long s = sortKeys[p];
-      for (; more && below.sortKey() < s; more = below.next()) {
-        copyUnlessReplaced(below, out);
-      }
-      out.add((int) (s >>> 32), (int) s, overlay.keyAtSlot(slots[p]), overlay.valueAtSlot(slots[p]));
-    }
-    for (; more; more = below.next()) {
-      copyUnlessReplaced(below, out);
+    return false;
+  }
+
+  // ------------------------------------------------------------------ merges
+
+  /** Queues a merge on the engine's merge thread when one is due and none is queued. */
+  private void scheduleMerge() {
+    if (!merging && !closed && pickMerge() != null) {
+      merging = true;
+      engine.merge(this::mergeWhileDue);
     }
   }
 
-  private void copyUnlessReplaced(RowImage.Cursor record, RowImageWriter out) throws IOException {
-    if (record.deleted()) {
-      return;
-    }
-    UnsafeRow key = record.key();
-    if (overlay.get(key) == null && tombstones.get(key) == null) {
-      out.add(record.keyGroup(), record.hash(), key, record.value());
+  private void mergeWhileDue() {
+    try {
+      while (mergeOnce()) {
+        // next candidate
+      }
+    } catch (RowImageException e) {
+      onDamage.accept(e);
+      LOG.warn("spark_state: a merge of local state files failed: {}", e.getMessage());
+    } catch (IOException | RuntimeException e) {
+      LOG.warn("spark_state: a merge of local state files failed (the runs stay as they are): {}", e.toString());
+    } finally {
+      synchronized (this) {
+        merging = false;
+        notifyAll();
+      }
     }
   }
 
   /**
-   * The exact key count of the layers as they are: the base's rows, less those a tombstone hides, plus
-   * the overlay keys the base does not hold. One walk of the base in sort order against the overlay and
-   * tombstone keys sorted the same way: every block is read once, in file order.
+   * The runs to merge next, newest first, or null. Runs of the current batch merge only with each other
+   * (so a key changed twice in a batch stays known); the bottom never merges. Within a group, the newest
+   * runs merge while each next one is no larger than those before it together (a binary counter: a row is
+   * rewritten about log2(rows / spill) times); past {@link #MAX_RUNS} the newest two merge anyway.
    */
-  private long countKeys() {
+  private List<Run> pickMerge() {
+    List<Run> current = new ArrayList<>();
+    List<Run> older = new ArrayList<>();
+    for (Run r : runs) {
+      if (!r.bottom) {
+        (r.batch == batch ? current : older).add(r);
+      }
+    }
+    for (List<Run> group : List.of(current, older)) {
+      long sum = group.isEmpty() ? 0 : group.get(0).records();
+      int j = 0;
+      while (j + 1 < group.size() && group.get(j + 1).records() <= sum) {
+        j++;
+        sum += group.get(j).records();
+      }
+      if (j >= 1) {
+        return group.subList(0, j + 1);
+      }
+    }
+    if (current.size() + older.size() > MAX_RUNS) {
+      return (older.size() >= 2 ? older : current).subList(0, 2);
+    }
+    return null;
+  }
+
+  /** One merge (on the merge thread): false when none is due or the store closed. */
+  private boolean mergeOnce() throws IOException {
+    List<Run> range;
+    boolean dropTombstones;
+    boolean thisBatch;
+    long expected = 0;
+    synchronized (this) {
+      if (closed) {
+        return false;
+      }
+      List<Run> picked = pickMerge();
+      if (picked == null) {
+        return false;
+      }
+      range = List.copyOf(picked);
+      for (Run r : range) {
+        r.retain();
+        expected += r.records();
+      }
+      Run last = range.get(range.size() - 1);
+      thisBatch = range.get(0).batch == batch;
+      // nothing below: a tombstone hides nothing (but this batch's say that the batch changed the key)
+      dropTombstones = runs.get(runs.size() - 1) == last && !thisBatch;
+    }
+    long t0 = System.nanoTime();
+    Run merged = null;
     try {
-      return countKeysOnce();
-    } catch (RowImageException e) {
-      throw damaged(e);
-    }
-  }
-
-  private long countKeysOnce() {
-    int no = (int) overlay.size();
-    int nt = (int) tombstones.size();
-    long[] sortKeys = new long[no + nt];
-    UnsafeRow[] keys = new UnsafeRow[no + nt];
-    int m = 0;
-    for (RowArena layer : new RowArena[] {overlay, tombstones}) {
-      for (int i = 0, count = layer.slotCount(); i < count; i++) {
-        UnsafeRow key = layer.keyAtSlot(i);
-        if (key != null) {
-          int h = hasher.hash(key);
-          sortKeys[m] = RowImage.sortKey(hasher.keyGroup(h), h);
-          keys[m++] = key;
-        }
-      }
-    }
-    long[] exactKeys = java.util.Arrays.copyOf(sortKeys, m);
-    int[] order = RowImageWriter.sortedPositions(exactKeys);
-    long count = baseRows + no;
-    RowImage.Cursor below = base.cursor();
-    boolean more = below.next();
-    int p = 0;
-    while (p < order.length && more) {
-      long s = exactKeys[order[p]];
-      if (below.sortKey() < s) {
-        more = below.next();
-        continue;
-      }
-      if (below.sortKey() > s) {
-        p++;
-        continue;
-      }
-      // the base's records of sort key s: each that one of ours names is hidden by a tombstone, or
-      // counted twice (overlay and base)
-      int q = p;
-      while (q < order.length && exactKeys[order[q]] == s) {
-        q++;
-      }
-      for (; more && below.sortKey() == s; more = below.next()) {
-        if (below.deleted()) {
-          continue;
-        }
-        UnsafeRow key = below.key();
-        for (int r = p; r < q; r++) {
-          if (keys[order[r]].equals(key)) {
-            count--;
-            break;
-          }
-        }
-      }
-      p = q;
-    }
-    return count;
-  }
-
-  // ------------------------------------------------------------------ base
-
-  private UnsafeRow baseGet(UnsafeRow key) {
-    int h = hasher.hash(key);
-    UnsafeRow v;
-    try {
-      v = base.get(hasher.keyGroup(h), h, key);
-    } catch (RowImageException e) {
-      throw damaged(e);
-    }
-    return v == RowImage.DELETED ? null : v;
-  }
-
-  /** Tells the owner of a damaged image; returns the exception for the caller to throw. */
-  private RowImageException damaged(RowImageException e) {
-    onDamage.accept(e);
-    return e;
-  }
-
-  private void closeBase() {
-    if (base != null) {
+      Path file = SpillDirectory.newFile();
+      long written;
       try {
-        base.close();
-      } catch (IOException e) {
-        throw new UncheckedIOException(e);
+        try (RowImageWriter out = new RowImageWriter(file, RowImageWriter.DEFAULT_BLOCK_BYTES, true, expected)) {
+          MergedCursor in = new MergedCursor(range);
+          while (in.next()) {
+            if (in.value() != null || !dropTombstones) {
+              out.add(in.keyGroup(), in.hash(), in.key(), in.value());
+            }
+          }
+          written = out.finish();
+        }
+        RowImage image = RowImage.open(file, keyFields, valueFields, engine.cache(), true);
+        merged = newRun(image, false, thisBatch ? range.get(0).batch : Run.MIXED, file);
+      } finally {
+        Files.deleteIfExists(file);
       }
-      base = null;
+      synchronized (this) {
+        int at = closed ? -1 : indexOf(range);
+        if (at < 0) {
+          merged.release();
+          return false;
+        }
+        List<Run> next = new ArrayList<>(runs.subList(0, at));
+        next.add(merged);
+        next.addAll(runs.subList(at + range.size(), runs.size()));
+        runs = List.copyOf(next);
+        for (Run r : range) {
+          r.release();   // the store's reference
+        }
+        merges++;
+        mergedBytes += written;
+      }
+      LOG.debug("spark_state: merged {} runs of {} records into one of {} bytes in {} ms", range.size(), expected,
+          written, (System.nanoTime() - t0) / 1_000_000L);
+      return true;
+    } finally {
+      for (Run r : range) {
+        r.release();   // the merge's reference
+      }
     }
+  }
+
+  /** Where {@code range} stands in {@link #runs}, contiguous and in order, or -1. */
+  private int indexOf(List<Run> range) {
+    int at = runs.indexOf(range.get(0));
+    if (at < 0 || at + range.size() > runs.size()) {
+      return -1;
+    }
+    for (int i = 0; i < range.size(); i++) {
+      if (runs.get(at + i) != range.get(i)) {
+        return -1;
+      }
+    }
+    return at;
+  }
+
+  // ------------------------------------------------------------------ counting
+
+  /** The exact key count of the layers as they are, by one walk of them (a restore that did not know it). */
+  private long countKeys() {
+    long n = 0;
+    Scan scan = new Scan();
+    scans.add(scan);
+    while (scan.hasNext()) {
+      scan.next();
+      n++;
+    }
+    return n;
   }
 
   private static UnsafeRow emptyRow() {
@@ -473,14 +682,24 @@ final class LayeredMap implements StateMap {
     return row;
   }
 
-  /** An iterator over both layers (see the class comment). */
+  /** An iterator over the layers (see the class comment): the heap rows, then the runs merged. */
   private final class Scan implements Iterator<UnsafeRowPair> {
-    /** Keys that entered the overlay after this iterator started. */
+    /** Keys that entered the heap after this iterator started. */
     final Set<UnsafeRow> added = new HashSet<>();
     private final Iterator<UnsafeRowPair> upper = overlay.iterator();
-    private final RowImage.Cursor lower = base == null ? null : base.cursor();
+    /** The runs this scan walks, held until it ends. */
+    private List<Run> held;
+    private final MergedCursor lower;
     private UnsafeRowPair next;
     private boolean done;
+
+    Scan() {
+      held = runs;
+      for (Run r : held) {
+        r.retain();
+      }
+      lower = held.isEmpty() ? null : new MergedCursor(held);
+    }
 
     @Override
     public boolean hasNext() {
@@ -490,6 +709,7 @@ final class LayeredMap implements StateMap {
           if (next == null) {
             done = true;
             scans.remove(this);
+            release();
           }
         }
       }
@@ -504,6 +724,15 @@ final class LayeredMap implements StateMap {
       UnsafeRowPair r = next;
       next = null;
       return r;
+    }
+
+    /** Lets go of the runs (the scan ended, or was forgotten). */
+    void release() {
+      List<Run> h = held;
+      held = List.of();
+      for (Run r : h) {
+        r.release();
+      }
     }
 
     private UnsafeRowPair advance() {
@@ -521,9 +750,10 @@ final class LayeredMap implements StateMap {
           return p;
         }
       }
-      while (lower != null && lower.next()) {
-        if (lower.deleted()) {
-          continue;
+      while (lower != null && !held.isEmpty() && lower.next()) {
+        UnsafeRow value = lower.value();
+        if (value == null) {
+          continue;   // deleted in a newer run
         }
         UnsafeRow key = lower.key();
         UnsafeRow now = overlay.get(key);
@@ -531,8 +761,8 @@ final class LayeredMap implements StateMap {
           if (now != null) {
             return new UnsafeRowPair(key, now);
           }
-        } else if (now == null && tombstones.get(key) == null) {
-          return new UnsafeRowPair(key, lower.value());
+        } else if (now == null && (tombstones.size() == 0 || tombstones.get(key) == null)) {
+          return new UnsafeRowPair(key, value);
         }
       }
       return null;

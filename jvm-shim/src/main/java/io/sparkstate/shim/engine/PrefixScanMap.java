@@ -1,7 +1,9 @@
 package io.sparkstate.shim.engine;
 
+import java.util.HashSet;
 import java.util.Iterator;
 import java.util.NoSuchElementException;
+import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
@@ -20,6 +22,8 @@ final class PrefixScanMap implements StateMap {
   private final ConcurrentHashMap<UnsafeRow, UnsafeRow> rows;
   private final PrefixIndex prefix;
   private long bytes;
+  /** Keys written in the current batch (the heap holds every row here anyway). */
+  private final Set<UnsafeRow> changed = new HashSet<>();
 
   public PrefixScanMap(StructType keySchema, int numColsPrefixKey, long expectedRows) {
     this.rows = new ConcurrentHashMap<>((int) Math.max(16, Math.min(expectedRows, 1 << 29)));
@@ -42,7 +46,7 @@ final class PrefixScanMap implements StateMap {
   }
 
   @Override
-  public UnsafeRow put(UnsafeRow key, UnsafeRow value) {
+  public int put(UnsafeRow key, UnsafeRow value) {
     UnsafeRow k = key.copy();
     UnsafeRow v = value.copy();
     UnsafeRow old = rows.put(k, v);
@@ -52,22 +56,36 @@ final class PrefixScanMap implements StateMap {
     } else {
       bytes += v.getSizeInBytes() - old.getSizeInBytes();
     }
-    return old;
+    return status(k, old != null);
   }
 
   @Override
-  public UnsafeRow remove(UnsafeRow key) {
+  public int remove(UnsafeRow key) {
     UnsafeRow old = rows.remove(key);
-    if (old != null) {
-      bytes -= key.getSizeInBytes() + old.getSizeInBytes() + ENTRY_OVERHEAD;
-      prefix.remove(key);
+    if (old == null) {
+      return ABSENT;
     }
-    return old;
+    bytes -= key.getSizeInBytes() + old.getSizeInBytes() + ENTRY_OVERHEAD;
+    prefix.remove(key);
+    return status(key.copy(), true);
+  }
+
+  @Override
+  public void endBatch() {
+    changed.clear();
+  }
+
+  /** What a write answers: whether the key was there, and whether this batch changed it before. */
+  private int status(UnsafeRow key, boolean held) {
+    if (!changed.add(key)) {
+      return CHANGED;
+    }
+    return held ? HELD : ABSENT;
   }
 
   @Override
   public Iterator<UnsafeRowPair> iterator() {
-    return StateMap.pairs(rows.entrySet().iterator());
+    return rows.entrySet().stream().map(e -> new UnsafeRowPair(e.getKey(), e.getValue())).iterator();
   }
 
   @Override

@@ -10,7 +10,7 @@ import org.apache.spark.unsafe.Platform;
 import org.apache.spark.unsafe.array.ByteArrayMethods;
 
 /**
- * The {@link StateMap} of stores without prefix scans. Key → value rows with no Java objects per row:
+ * The in-heap rows of a {@link LayeredMap}: key → value rows with no Java objects per row:
  * each record {@code [keyLen][valueLen][key][value]} is appended to large on-heap pages, and an
  * open-addressing table of longs (key hash, record address) finds it. A record is never written again
  * once appended: a put appends a new one and the old one becomes garbage until the next compaction
@@ -21,7 +21,7 @@ import org.apache.spark.unsafe.array.ByteArrayMethods;
  * <p>Every method is synchronized: a read store of another task may read while a store writes. The
  * rows handed out need no lock (their bytes never change).
  */
-final class RowArena implements StateMap {
+final class RowArena {
   /**
    * Largest page (1 MiB, which bounds record offsets in a page to 17 bits of 8-byte words); the system
    * property {@code spark_state.arenaPageBytes} makes pages smaller (tests cross many pages with little data).
@@ -84,7 +84,6 @@ final class RowArena implements StateMap {
     return Integer.highestOneBit((int) want - 1) << 1;
   }
 
-  @Override
   public synchronized long size() {
     return live;
   }
@@ -93,19 +92,16 @@ final class RowArena implements StateMap {
    * Bytes the pages and the slots take: what the map holds on the heap (garbage and the unused tail of
    * the last page included; pages only rows handed out still reference are not).
    */
-  @Override
   public synchronized long bytes() {
     return pageBytes + (long) table.slots.length * 8;
   }
 
-  @Override
   public synchronized UnsafeRow get(UnsafeRow key) {
     int i = find(key, key.hashCode());
     return i < 0 ? null : valueAt(table.pages, ref(table.slots[i]));
   }
 
   /** Copies the key and value bytes in; returns the previous value or null. */
-  @Override
   public synchronized UnsafeRow put(UnsafeRow key, UnsafeRow value) {
     int h = key.hashCode();
     long[] slots = table.slots;
@@ -141,7 +137,6 @@ final class RowArena implements StateMap {
     }
   }
 
-  @Override
   public synchronized UnsafeRow remove(UnsafeRow key) {
     int i = find(key, key.hashCode());
     if (i < 0) {
@@ -166,7 +161,6 @@ final class RowArena implements StateMap {
    * reached is returned new, keys added meanwhile may or may not be. After a rebuild it finishes the
    * old table, checking each key against the current one.
    */
-  @Override
   public Iterator<UnsafeRowPair> iterator() {
     final Table start;
     synchronized (this) {
@@ -239,7 +233,6 @@ final class RowArena implements StateMap {
     return r == EMPTY || r == REMOVED ? null : valueAt(table.pages, r);
   }
 
-  @Override
   public Iterator<UnsafeRowPair> prefixScan(UnsafeRow prefixKey) {
     throw new UnsupportedOperationException(
         "spark_state: prefixScan needs a store created with PrefixKeyScanStateEncoderSpec");
