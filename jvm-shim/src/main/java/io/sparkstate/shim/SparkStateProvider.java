@@ -238,7 +238,8 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     long restarts = client.restarts();
     refreshLive(version);
     live.rows.endBatch();
-    ChangeStream stream = new ChangeStream(client, version + 1);
+    Engine engine = Engine.executor();
+    ChangeStream stream = new ChangeStream(client, version + 1, engine::newLocalFile, engine.budget());
     ChangeLog changes = format.newChangeLog(Math.min(lastChanges, MAX_EXPECTED_CHANGES), stream);
     open = new SparkStateStore(this, live, changes, stream, unreportedLoadMs, unreportedRowsLoaded, restarts);
     unreportedLoadMs = 0;

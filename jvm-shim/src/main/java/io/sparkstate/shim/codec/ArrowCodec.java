@@ -95,6 +95,21 @@ public final class ArrowCodec {
       return size;
     }
 
+    /** A body of the {@code size} bytes {@code in} holds next (a chunk spooled to local disk, sent again). */
+    public static Body read(InputStream in, long size) throws IOException {
+      Body body = new Body((int) Math.min(size, Integer.MAX_VALUE - 16));
+      byte[] buffer = new byte[64 << 10];
+      for (long left = size; left > 0; ) {
+        int n = in.read(buffer, 0, (int) Math.min(buffer.length, left));
+        if (n < 0) {
+          throw new java.io.EOFException("spark_state: a spooled chunk ends " + left + " bytes early");
+        }
+        body.write(buffer, 0, n);
+        left -= n;
+      }
+      return body;
+    }
+
     public void writeTo(OutputStream out) throws IOException {
       for (byte[] segment : full) {
         out.write(segment);

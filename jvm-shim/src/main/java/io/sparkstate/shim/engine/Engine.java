@@ -52,6 +52,14 @@ public final class Engine {
     return cache;
   }
 
+  /**
+   * A new empty file under the executor's local directories (Spark's {@code spark.local.dir}), for data the
+   * caller unlinks once open (spooled changes).
+   */
+  public Path newLocalFile() throws IOException {
+    return SpillDirectory.newFile();
+  }
+
   /** Runs {@code job} on the merge thread. */
   void merge(Runnable job) {
     merger.execute(job);
