@@ -114,7 +114,8 @@ class VersionedStore:
 
     def commit(self, version: int, changes: pa.Table, base_commit_id=UNCHECKED,
                min_versions_to_retain: int | None = None, *, full: bool = False,
-               repeated_keys: bool = False, staged: StagedCommit | None = None) -> CommitResult:
+               repeated_keys: bool = False, staged: StagedCommit | None = None,
+               keys: int | None = None) -> CommitResult:
         """Makes `version` = version-1 + changes durable; replaces an existing `version` (a retried batch).
 
         ``base_commit_id`` is the identity of version-1 the caller built its
@@ -124,9 +125,11 @@ class VersionedStore:
         changes are the whole state (a shim switching file formats).
         ``repeated_keys``: a key may appear more than once; its last row wins.
         ``staged``: the changes streamed before (``stage``); `changes` are the rest.
+        ``keys``: how many keys the state at `version` holds, when the caller counted them (the manifest
+        records it; a snapshot's count must match its rows).
         """
         return self.committer.commit(version, changes, base_commit_id, min_versions_to_retain, full=full,
-                                     repeated_keys=repeated_keys, staged=staged)
+                                     repeated_keys=repeated_keys, staged=staged, keys=keys)
 
     def stage(self, version: int) -> StagedCommit:
         """A commit of `version` whose changes come in chunks while its batch runs (``StagedCommit.append``),

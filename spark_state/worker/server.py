@@ -87,6 +87,16 @@ def _optional_int(header: dict, name: str) -> int | None:
     return None if header.get(name) is None else _int_field(header, name)
 
 
+def _optional_count(header: dict, name: str) -> int | None:
+    """A count field: absent or null (unknown), else a JSON integer >= 0 (no string, float or boolean)."""
+    value = header.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ProtocolError(f"request {header.get('op')!r}: {name!r} must be an integer >= 0 or absent, got {value!r}")
+    return value
+
+
 def _maintenance_status(store) -> dict:
     """What a shim reports as a metric and a warning: consecutive failed maintenance runs and the last error."""
     return {"maintenanceFailures": store.maintenance_failures, "maintenanceError": store.maintenance_error}
@@ -163,7 +173,8 @@ class Dispatcher:
                 raise ProtocolError("a commit of the whole state (full) cannot complete streamed changes (stream)")
             staged = self.streams.take(_stream_field(header), _int_field(header, "chunks"), store, version)
         result = store.commit(version, changes, base_commit_id=base, min_versions_to_retain=keep, full=full,
-                              repeated_keys=bool(header.get("repeatedKeys")), staged=staged)
+                              repeated_keys=bool(header.get("repeatedKeys")), staged=staged,
+                              keys=_optional_count(header, "keys"))
         # "files": what a commit writes, a data file and a manifest (a field of protocol 1, kept for the shim)
         return {"ok": True, "bytes": result.bytes_written, "files": 2, "commitId": result.commit_id,
                 "ms": round((time.perf_counter() - started) * 1000, 3), **_maintenance_status(store)}, b""
@@ -173,7 +184,8 @@ class Dispatcher:
         serialised onto the socket as it drains (IpcBody), so the JVM decodes while the worker writes.
 
         ``images: true`` (a shim that looks keys up in row images): when the version's chain has one, the reply
-        names the image file and the rows are only the changes after it, deletes kept (``image``)."""
+        names the image file and the rows are only the changes after it, deletes kept (``image``). ``keys``: the
+        version's exact key count when known without walking the state (absent otherwise)."""
         version = _int_field(header, "version")
         known = header.get("commitId")
         known = str(known) if known else None
@@ -182,10 +194,11 @@ class Dispatcher:
             loaded = store.load_lazy(version, known, cache_dir=self.cache_dir)
         else:
             loaded = store.load_checked(version, known, ordered=False)
+        keys = {} if loaded.keys is None else {"keys": loaded.keys}
         if loaded.table is None and loaded.image is None:
-            return {"ok": True, "unchanged": True, "commitId": loaded.commit_id}, b""
+            return {"ok": True, "unchanged": True, "commitId": loaded.commit_id, **keys}, b""
         reply = {"ok": True, "rows": 0 if loaded.table is None else loaded.table.num_rows,
-                 "commitId": loaded.commit_id}
+                 "commitId": loaded.commit_id, **keys}
         if loaded.image is not None:
             image = loaded.image
             reply["image"] = {"path": image.path, "rows": image.rows, "size": image.size,

@@ -118,7 +118,7 @@ def test_commit_ids_guard_against_stale_views(worker, tmp_path):
                        table_to_ipc(_changes([(b"a", b"1")])))
     assert first["ok"] and first["commitId"] and first["maintenanceFailures"] == 0
     same, body = conn.request({"op": "load", "version": 1, "commitId": first["commitId"], **base})
-    assert same == {"ok": True, "unchanged": True, "commitId": first["commitId"]} and body == b""
+    assert same == {"ok": True, "unchanged": True, "commitId": first["commitId"], "keys": 1} and body == b""
     retried, _ = conn.request({"op": "commit", "version": 1, "baseCommitId": None, **base},
                          table_to_ipc(_changes([(b"a", b"2")])))
     stale, _ = conn.request({"op": "commit", "version": 2, "baseCommitId": first["commitId"], **base},
@@ -197,3 +197,4 @@ def test_changes_and_replay_through_the_socket(worker, tmp_path):
     loaded = ipc_to_table(body)
     assert resp["ok"] and resp["commitId"]
     assert sorted(zip(loaded["key"].to_pylist(), loaded["value"].to_pylist())) == [(b"bb", b"2"), (b"ccc", b"3")]
+
