@@ -46,6 +46,8 @@ UNCHECKED = object()
 class CommitResult:
     bytes_written: int   # data file + manifest
     commit_id: str = ""
+    #: the version's chain is due for compaction (``Compactor.due``): the worker queues it in the background
+    compaction_due: bool = False
 
 
 class Committer:
@@ -172,7 +174,7 @@ class Committer:
                 raise
             fault("commit-after-manifest")
             log.debug("committed %s version %d: %d rows, %d bytes", ctx.name, version, encoded.rows, encoded.size)
-            return CommitResult(encoded.size + len(body), manifest.commit_id)
+            return CommitResult(encoded.size + len(body), manifest.commit_id, self.compactor.due(manifest))
 
     def _keys(self, version: int, kind: str, file_rows: int, keys: int | None) -> int | None:
         """The keys of the new version: a snapshot's rows (checked against the count the shim sent, if any),

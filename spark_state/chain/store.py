@@ -165,6 +165,27 @@ class VersionedStore:
     def latest_version(self) -> int | None:
         return self.reader.latest_version()
 
+    def compact(self, version: int | None = None) -> None:
+        """Compaction alone, around `version` (a commit left its chain due): under maintenance's rules, one
+        run per store at a time (a concurrent call returns at once), a failure counted and logged as
+        maintenance's are."""
+        lock = self.ctx.locks.maintenance
+        if not lock.acquire(blocking=False):
+            return
+        self._maintenance_started = time.monotonic()
+        try:
+            self.compactor.compact(version)
+        except Exception as err:  # noqa: BLE001 - counted, reported with every commit, retried by maintenance
+            self._failed([err])
+        finally:
+            lock.release()
+
+    def _failed(self, errors: list[Exception]) -> None:
+        self.maintenance_failures += 1
+        self.maintenance_error = "; ".join(f"{type(e).__name__}: {e}" for e in errors)
+        log.warning("maintenance of %s failed (%d in a row): %s", self.name, self.maintenance_failures,
+                    self.maintenance_error)
+
     def maintenance(self, min_versions_to_retain: int, version: int | None = None) -> None:
         """Compaction, then retention, around `version` (the version the caller holds; default the newest).
 
@@ -190,10 +211,7 @@ class VersionedStore:
             except Exception as err:  # noqa: BLE001
                 errors.append(err)
             if errors:
-                self.maintenance_failures += 1
-                self.maintenance_error = "; ".join(f"{type(e).__name__}: {e}" for e in errors)
-                log.warning("maintenance of %s failed (%d in a row): %s", self.name, self.maintenance_failures,
-                            self.maintenance_error)
+                self._failed(errors)
             else:
                 self.maintenance_failures, self.maintenance_error = 0, None
         finally:
