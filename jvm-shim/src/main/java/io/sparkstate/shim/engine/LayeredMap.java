@@ -142,6 +142,11 @@ final class LayeredMap implements StateMap {
   }
 
   @Override
+  public synchronized long knownSize() {
+    return sizeUnknown ? -1 : size;
+  }
+
+  @Override
   public synchronized long size() {
     if (sizeUnknown) {
       size = countKeys();

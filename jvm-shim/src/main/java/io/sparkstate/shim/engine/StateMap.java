@@ -30,6 +30,11 @@ public interface StateMap {
   /** Number of keys. */
   long size();
 
+  /** The number of keys when known without walking the state (a restore that was not told it), else -1. */
+  default long knownSize() {
+    return size();
+  }
+
   /** Estimated heap bytes the rows take (Spark's memory metric). */
   long bytes();
 
