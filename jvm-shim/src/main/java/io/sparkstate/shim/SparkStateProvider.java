@@ -311,7 +311,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     }
     long t0 = System.nanoTime();
     String knownId = known == null ? null : known.commitId;
-    boolean lazy = numColsPrefixKey == 0 && !IMAGES_FAILED.contains(stateStoreId.toString());
+    boolean lazy = !IMAGES_FAILED.contains(stateStoreId.toString());
     StateVersion loaded = client.load(version, knownId, lazy, (rows, commitId, image, state) ->
         image == null ? decodeWhole(version, rows, commitId, state) : onImage(version, rows, commitId, image, state));
     if (loaded == IMAGE_UNUSABLE) {
