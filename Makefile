@@ -13,7 +13,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-cluster install shim bench bench-quick bench-rescale bench-typed clean wheel dist docs test-compat soak
+.PHONY: demo test test-fast test-cluster install shim bench bench-quick bench-rescale bench-typed bench-large clean wheel dist docs test-compat soak
 
 demo: install
 	$(PY) -m spark_state.demo
@@ -76,6 +76,12 @@ bench-rescale: install
 
 bench-typed: install
 	$(PY) -m benchmarks.typed_files
+
+# State ten times the heap (issue 35): 10M and 30M keys in a 1 GiB heap, spark_state beside RocksDB (and HDFS's
+# outcome), each phase a new application; results.md and ratios.png in benchmarks/results/large-1g/ (~40 min).
+bench-large: install
+	$(PY) -m benchmarks.large run --keys 10000000 --hdfs --out benchmarks/results/large-1g
+	$(PY) -m benchmarks.large run --keys 30000000 --phases build,restart --out benchmarks/results/large-1g
 
 # The chaos soak (issue 27; benchmarks/soak): MINUTES of faults on two executors with state on S3 behind a
 # fault-injecting proxy, then the end checks; report in benchmarks/results/soak/. Not part of make test

@@ -4,7 +4,6 @@ import io.sparkstate.shim.codec.ChangeLog;
 import io.sparkstate.shim.engine.LocalStats;
 import io.sparkstate.shim.engine.StateMap;
 import io.sparkstate.shim.worker.ChangeStream;
-
 import org.apache.spark.TaskContext;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.execution.streaming.state.KeyStateEncoderSpec;
