@@ -7,6 +7,7 @@ dictionary columns. Failures leave no file and no scratch behind."""
 from __future__ import annotations
 
 import os
+import tempfile
 
 import numpy as np
 import pyarrow as pa
@@ -89,7 +90,7 @@ def test_a_chain_compacted_range_by_range_is_the_chain_compacted_whole(tmp_path_
     assert row_bytes(stores["ranges"].load(version, key_groups=wanted)) == \
         row_bytes(stores["whole"].load(version, key_groups=wanted))
     assert_files_of_kept_versions_exist(stores["ranges"])
-    assert not [d for d in os.listdir(root / "ranges") if d.startswith("spark-state-fold")]
+    assert not [d for d in os.listdir(tempfile.gettempdir()) if d.startswith("spark-state-fold-")], "scratch left"
 
 
 def test_the_snapshot_is_sorted_and_keeps_its_repeated_strings_as_dictionaries(tmp_path, monkeypatch):
@@ -159,7 +160,7 @@ def test_a_damaged_delta_fails_the_compaction_and_leaves_no_file(tmp_path, monke
     with pytest.raises(ChecksumMismatch, match=delta.path):
         compact(store, 2, 25, monkeypatch)
     assert set(store.storage.list_files()) == before and store.reader.view(2).record is None
-    assert not any(name.startswith("spark-state-fold-") for name in os.listdir(os.environ.get("TMPDIR", "/tmp")))
+    assert not any(name.startswith("spark-state-fold-") for name in os.listdir(tempfile.gettempdir()))
 
 
 def test_fixed_dictionaries_keep_only_what_every_input_allows():
@@ -181,3 +182,31 @@ def test_fixed_dictionaries_keep_only_what_every_input_allows():
         dictionaries.encode_fixed(table, {("value", (1,)): pa.array(["/p0"])})
     encoded = dictionaries.encode_fixed(table, got)
     assert dictionaries.decode(encoded).equals(table)
+
+
+@pytest.mark.parametrize("deleted", ["checkpoint", "shared", "chk-2"])
+def test_a_checkpoint_deleted_while_it_is_compacted_range_by_range_stays_deleted(tmp_path, monkeypatch, deleted):
+    """As for a whole compaction (tests/chain/test_store.py): the user's rm -rf between the compaction's reads
+    and its writes; it gives up quietly, brings back no file or directory, and leaves no scratch."""
+    import shutil
+
+    root = tmp_path / "ckpt"
+    store_dir = root / "state" / "0" / "1"
+    store = store_on(f"file://{store_dir}", **SETTINGS)
+    store.commit(1, typed({i: i for i in range(300)}))
+    store.commit(2, typed({i: i + 1 for i in range(300)}))
+    victim = {"checkpoint": root, "shared": store_dir / "shared", "chk-2": store_dir / "chk-2"}[deleted]
+    before = {p for p in root.rglob("*") if not p.is_relative_to(victim)}
+    enter = ranges.RangeFold.__enter__
+
+    def enter_then_delete(self):
+        fold = enter(self)
+        shutil.rmtree(victim)
+        return fold
+
+    monkeypatch.setattr(ranges.RangeFold, "__enter__", enter_then_delete)
+    monkeypatch.setattr(ranges, "RANGE_ROWS", 50)
+    store.maintenance(2)
+    assert not victim.exists(), sorted(str(p) for p in victim.rglob("*"))
+    assert set(root.rglob("*")) <= before, "compaction wrote a file or directory"
+    assert store.maintenance_failures == 0 and store.maintenance_error is None
