@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -154,7 +155,9 @@ def _session(provider: str, heap: str, extra: dict[str, str]):
          .config("spark.ui.showConsoleProgress", "false")
          .config("spark.driver.memory", heap)
          .config("spark.driver.extraJavaOptions",
-                 f"-Dlog4j2.configurationFile={HERE / 'jvm' / 'log4j2.properties'} -XX:+ExitOnOutOfMemoryError"))
+                 f"-Dlog4j2.configurationFile={HERE / 'jvm' / 'log4j2.properties'} -XX:+ExitOnOutOfMemoryError"
+                 + (f" -XX:StartFlightRecording=filename={os.environ['LARGE_JFR']},settings=profile"
+                    if os.environ.get("LARGE_JFR") else "")))
     if provider == "spark_state_fs":
         import spark_state
         b = spark_state.configure(b)
@@ -226,14 +229,19 @@ def run_phase(provider: str, phase: str, keys: int, workdir: Path, data: Path, h
                 batches.append({
                     "batch": p.batchId, "rows": p.numInputRows,
                     "trigger_ms": p.durationMs.get("triggerExecution", 0),
+                    "add_batch_ms": p.durationMs.get("addBatch", 0),
+                    "state_updates_ms": sum(o.allUpdatesTimeMs for o in ops),
+                    "state_commit_ms": sum(o.commitTimeMs for o in ops),
                     "state_rows": sum(o.numRowsTotal for o in ops),
                     "memory_used_bytes": sum(o.memoryUsedBytes for o in ops),
                     "custom": {k: v for o in ops for k, v in (o.customMetrics or {}).items()},
                 })
+            gc_ms = sum(b.getCollectionTime() for b in
+                        spark._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans())
         finally:
             spark.stop()
     result = {"provider": provider, "phase": phase, "keys": keys, "heap": heap, "wall_s": wall,
-              "batches": batches, "peak_rss_bytes": sampler.peak, **checked}
+              "batches": batches, "peak_rss_bytes": sampler.peak, "gc_ms": gc_ms, **checked}
     return result
 
 
@@ -245,16 +253,24 @@ def _phase_process(provider, phase, keys, workdir, data, heap, extra, log: Path)
     for k, v in extra.items():
         cmd += ["--conf", f"{k}={v}"]
     t0 = time.perf_counter()
-    with open(log, "a") as err:
+    out = log.with_suffix(".stdout")
+    with open(log, "a") as err, open(out, "w") as stdout:
         err.write("$ " + " ".join(cmd) + "\n")
         err.flush()
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=HERE.parent)
-    for line in p.stdout.splitlines():
+        # a session of its own: a JVM that outlives its driver (seen with RocksDB) is killed with it
+        p = subprocess.Popen(cmd, stdout=stdout, stderr=err, text=True, cwd=HERE.parent, start_new_session=True)
+        p.wait()
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    printed = out.read_text()
+    for line in printed.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
-    tail = log.read_text().splitlines()[-40:]
+    tail = (printed + log.read_text()).splitlines()
     reason = next((l for l in tail if "OutOfMemoryError" in l), None) or next(
-        (l for l in reversed(tail) if "Error" in l or "Exception" in l), f"exit code {p.returncode}")
+        (l for l in reversed(tail[-60:]) if "Error" in l or "Exception" in l), f"exit code {p.returncode}")
     return {"provider": provider, "phase": phase, "keys": keys, "heap": heap, "failed": reason.strip()[:400],
             "wall_s": time.perf_counter() - t0}
 
