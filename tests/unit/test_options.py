@@ -64,3 +64,11 @@ def test_configure_validates_before_spark_starts():
         option_conf(compression_level=99)
     with pytest.raises(TypeError, match="snapshot_intervall"):
         spark_conf(snapshot_intervall=3)
+
+
+def test_memory_limit_defaults_to_the_jvms_computation():
+    """Unset, the worker answers null (validate) and the shim computes it from Spark's memory model: half of
+    Spark's user memory, 145 MiB of a 1 GiB heap, as the description says."""
+    assert Settings().memory_limit is None and Settings.from_conf({"memoryLimit": "145m"}).memory_limit == 145 << 20
+    description = DESCRIPTIONS["memoryLimit"]
+    assert "0.5 * (heap - 300 MiB) * (1 - spark.memory.fraction)" in description and "145 MiB of a 1 GiB" in description
