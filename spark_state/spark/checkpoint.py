@@ -70,10 +70,15 @@ class SparkCheckpoint:
         self.dir = location if isinstance(location, Dir) else Dir(location)
         self.settings = settings_from(options)
         if not self.dir.exists("metadata") and not self.dir.exists("offsets"):
-            raise CheckpointError(
-                f"{self.dir.url} is not a Spark checkpoint: it has neither 'metadata' nor 'offsets/'. Pass the "
-                f"checkpointLocation of a streaming query that has run at least once."
-            )
+            raise CheckpointError(f"{self.dir.url} {self._what_instead()}. Pass the checkpointLocation of a "
+                                  f"streaming query that has run at least once.")
+
+    def _what_instead(self) -> str:
+        if not self.dir.exists():
+            return "does not exist"
+        if self.dir.fs.isfile(self.dir.full()):
+            return "is a file, not a checkpoint directory"
+        return "is not a Spark checkpoint: it has neither 'metadata' nor 'offsets/'"
 
     def __repr__(self) -> str:
         return f"SparkCheckpoint({self.dir.url!r})"
@@ -226,10 +231,15 @@ class SparkCheckpoint:
                 f"want to operate on."
             )
         store = open_store(self.store_ref(sid), self.settings, cached=False)
-        latest = store.latest_version()
-        if latest is not None:   # the tools are not given the query's maxParallelism: its manifests say it
-            recorded = store.reader.read_manifest(latest).max_parallelism
+        # The tools are not given the query's maxParallelism: its manifests say it (the newest that reads: a
+        # damaged one is reported by whatever reads that version).
+        for version in reversed(store.versions()):
+            try:
+                recorded = store.reader.read_manifest(version).max_parallelism
+            except SparkStateError:
+                continue
             store.update_settings(replace(self.settings, max_parallelism=recorded))
+            break
         return store
 
     def manifest(self, sid: StoreId, version: int) -> Manifest:
@@ -247,30 +257,3 @@ class SparkCheckpoint:
 
     def versions(self, sid: StoreId) -> list[int]:
         return self.store(sid).versions()
-
-    def restorable_batches(self) -> list[int]:
-        """Committed batches whose offsets and every store's version b + 1 are still retained."""
-        candidates = [b for b in self.committed_batches if b in set(self.offset_batches)]
-        if not candidates:
-            return []
-        by_count: dict[int, list[StoreId]] = {}
-        out = []
-        kept: dict[StoreId, set[int]] = {}
-        for b in candidates:
-            try:
-                n = self.num_partitions(b)
-                if self.provider(b) != PROVIDER_CLASS:
-                    continue
-            except SparkStateError:
-                continue
-            sids = by_count.setdefault(n, self.stores(b))
-            ok = True
-            for sid in sids:
-                if sid not in kept:
-                    kept[sid] = set(self.versions(sid))
-                if b + 1 not in kept[sid]:
-                    ok = False
-                    break
-            if ok:
-                out.append(b)
-        return out
