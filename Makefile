@@ -1,5 +1,5 @@
 # The two commands of the README:
-#   make demo   installs everything and runs the main job (stop + restart from checkpoint)
+#   make demo   installs spark_state alone (no extras) and runs the main job (stop + restart from checkpoint)
 #   make test   installs everything, runs the test suite (local[2]), the two-executor cluster tests,
 #               then the compat matrix (CI: .ci/run)
 #   make test-fast  the tests that need neither Spark nor a JVM (tests/unit, chain, worker; ~2 min)
@@ -11,11 +11,14 @@
 PYTHON ?= python3.11
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+BASE   := $(VENV)/.installed-base
 STAMP  := $(VENV)/.installed
 
 .PHONY: demo test test-fast test-cluster install shim bench bench-quick bench-rescale bench-typed clean wheel dist docs test-compat soak
 
-demo: install
+# The demo needs spark_state and its dependencies, not the extras of tests, benchmarks, docs and releases.
+demo: $(BASE)
+	$(PY) -m spark_state.spark.shim build
 	$(PY) -m spark_state.demo
 
 COMPAT ?= 1
@@ -37,16 +40,20 @@ test-cluster: install
 
 install: $(STAMP) shim
 
-$(STAMP): pyproject.toml
+$(BASE): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run 'make PYTHON=/path/to/python3.11 ...'"; exit 1; }
 	@command -v javac >/dev/null || { echo "error: javac not found; install a JDK 17 (e.g. apt-get install openjdk-17-jdk-headless)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $(BASE)
+
+$(STAMP): $(BASE)
 	$(PY) -m pip install -q -e '.[test,bench,docs,release]'
 	touch $(STAMP)
 
 # Compiles jvm-shim/ against the installed pyspark's jars (redone when the Spark version changes).
-shim: $(STAMP)
+shim: $(BASE)
 	$(PY) -m spark_state.spark.shim build
 
 # PEP 517 build (isolated: installs pyspark 4.3 into the build environment and compiles the shim).
