@@ -6,6 +6,7 @@
 #   make wheel  builds dist/spark_state-*.whl (with the JVM shim jar inside)
 #   make dist   builds the sdist, then the wheel from that sdist (what an index serves), and checks both with twine
 #   make docs   builds the user guide (docs/, mkdocs.yml) into build/site with warnings as errors
+#   make docs-sync  rewrites the generated blocks of docs/*.md (options table, format specs) from the code
 #   make test-compat  the compat matrix alone: the wheel on Python 3.10, 3.12 and 3.13 beside pyspark
 #               4.0, 4.1 and 4.2 (~3 min with pip's cache warm); make test COMPAT=0 skips it
 PYTHON ?= python3.11
@@ -14,7 +15,7 @@ PY     := $(VENV)/bin/python
 BASE   := $(VENV)/.installed-base
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-cluster install shim bench bench-quick bench-rescale bench-typed clean wheel dist docs test-compat soak
+.PHONY: demo test test-fast test-cluster install shim docs-sync bench bench-quick bench-rescale bench-typed clean wheel dist docs test-compat soak
 
 # The demo needs spark_state and its dependencies, not the extras of tests, benchmarks, docs and releases.
 demo: $(BASE)
@@ -68,6 +69,10 @@ dist: $(STAMP)
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir build/site
+
+# Rewrites the generated blocks of docs/*.md (options table, format specs; docs/hooks.py), committed so GitHub shows them.
+docs-sync: $(BASE)
+	$(PY) docs/hooks.py
 
 test-compat: install
 	$(PY) -m tests.compat.run $(COMPAT_ARGS)
