@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -245,16 +246,24 @@ def _phase_process(provider, phase, keys, workdir, data, heap, extra, log: Path)
     for k, v in extra.items():
         cmd += ["--conf", f"{k}={v}"]
     t0 = time.perf_counter()
-    with open(log, "a") as err:
+    out = log.with_suffix(".stdout")
+    with open(log, "a") as err, open(out, "w") as stdout:
         err.write("$ " + " ".join(cmd) + "\n")
         err.flush()
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=HERE.parent)
-    for line in p.stdout.splitlines():
+        # a session of its own: a JVM that outlives its driver (seen with RocksDB) is killed with it
+        p = subprocess.Popen(cmd, stdout=stdout, stderr=err, text=True, cwd=HERE.parent, start_new_session=True)
+        p.wait()
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    printed = out.read_text()
+    for line in printed.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
-    tail = log.read_text().splitlines()[-40:]
+    tail = (printed + log.read_text()).splitlines()
     reason = next((l for l in tail if "OutOfMemoryError" in l), None) or next(
-        (l for l in reversed(tail) if "Error" in l or "Exception" in l), f"exit code {p.returncode}")
+        (l for l in reversed(tail[-60:]) if "Error" in l or "Exception" in l), f"exit code {p.returncode}")
     return {"provider": provider, "phase": phase, "keys": keys, "heap": heap, "failed": reason.strip()[:400],
             "wall_s": time.perf_counter() - t0}
 

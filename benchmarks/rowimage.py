@@ -36,7 +36,7 @@ def run(rows: int, work: Path, logs: Path, block_bytes: int) -> dict:
     jar = shim.shim_jar()
     cp = os.pathsep.join([str(compile_bench(jar)), str(jar), f"{jvm_bench.JARS}/*"])
     cmd = ["java", f"-Xmx{jvm_bench.heap_for(rows)}", *jvm_bench.JAVA_OPENS, "-cp", cp,
-           "io.sparkstate.shim.RowImageBench", "--rows", str(rows), "--dir", str(work),
+           "io.sparkstate.shim.engine.RowImageBench", "--rows", str(rows), "--dir", str(work),
            "--block-bytes", str(block_bytes)]
     try:
         return jvm_bench.run_for_result(cmd, logs / f"rowimage-{rows}.log", f"RowImageBench rows={rows}", timeout=3600)

@@ -5,10 +5,12 @@
  * System.nanoTime around batches (single gets for the cold ones). Progress on stderr, one RESULT JSON
  * line on stdout. Driven by benchmarks/rowimage.py (compiles this file into the shim's package).
  *
- *   java -Xmx6g -cp <classes>:<shim jar>:<pyspark jars>/* io.sparkstate.shim.RowImageBench \
+ *   java -Xmx6g -cp <classes>:<shim jar>:<pyspark jars>/* io.sparkstate.shim.engine.RowImageBench \
  *        --rows N --dir DIR [--block-bytes 16384] [--cache-mb 64] [--cold 1000] [--warm 1000000]
  */
-package io.sparkstate.shim;
+package io.sparkstate.shim.engine;
+
+import io.sparkstate.shim.codec.KeyHasher;
 
 import java.lang.management.ManagementFactory;
 import java.nio.file.Files;

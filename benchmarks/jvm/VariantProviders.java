@@ -1,5 +1,9 @@
 package io.sparkstate.shim;
 
+import io.sparkstate.shim.codec.KeyHasher;
+import io.sparkstate.shim.codec.MapChangeLog;
+import io.sparkstate.shim.codec.RowFormat;
+import io.sparkstate.shim.codec.TypedCodec;
 import org.apache.spark.sql.types.StructType;
 
 /**

@@ -1,4 +1,7 @@
-package io.sparkstate.shim;
+package io.sparkstate.shim.engine;
+
+import io.sparkstate.shim.codec.KeyHasher;
+import io.sparkstate.shim.memory.MemoryBudget;
 
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
@@ -86,18 +89,19 @@ public class ArenaProbe {
   }
 
   /**
-   * The map under test: the arena, or with {@code -Dprobe.map=layered} a {@link LayeredMap} whose
-   * budget ({@code -Dprobe.budget} bytes) is small enough that puts spill to row images.
+   * The map under test: a {@link LayeredMap}, whose budget ({@code -Dprobe.budget} bytes) the "layered"
+   * tests make small enough that puts spill to runs (the "arena" ones leave it large: the heap rows alone).
    */
   static StateMap newMap() {
-    if (!"layered".equals(System.getProperty("probe.map"))) {
-      return new RowArena(KEY.fields().length, VALUE.fields().length, 0);
-    }
     KeyHasher hasher = new KeyHasher(KEY, 1, Integer.getInteger("probe.maxParallelism", 4));
-    return new LayeredMap(KEY.fields().length, VALUE.fields().length, 0, hasher, BUDGET, e -> { });
+    return new LayeredMap(KEY.fields().length, VALUE.fields().length, 0, KeyOrder.of(hasher::hash, hasher::keyGroup),
+        ENGINE, e -> { });
   }
 
+  /** What a write answers, by its code (StateMap.ABSENT, HELD, CHANGED). */
+  static final String[] STATUS = {"ABSENT", "HELD", "CHANGED"};
   static final MemoryBudget BUDGET = new MemoryBudget(Long.getLong("probe.budget", 1L << 30));
+  static final Engine ENGINE = new Engine(BUDGET);
 
   public static void main(String[] args) throws Exception {
     BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
@@ -119,7 +123,7 @@ public class ArenaProbe {
           out.println("OK " + a[1]);
           break;
         case "put":
-          out.println(showOrNull(map.put(key(a[1]), value(a[2]))));
+          out.println(STATUS[map.put(key(a[1]), value(a[2]))]);
           break;
         case "get": {
           UnsafeRow v = map.get(key(a[1]));
@@ -131,12 +135,26 @@ public class ArenaProbe {
           break;
         }
         case "remove":
-          out.println(showOrNull(map.remove(key(a[1]))));
+          out.println(STATUS[map.remove(key(a[1]))]);
           break;
         case "spill":
           ((LayeredMap) map).spill();
-          out.println("OK " + ((LayeredMap) map).imageRows());
+          out.println("OK " + map.size());
           break;
+        case "batch":
+          map.endBatch();
+          out.println("OK");
+          break;
+        case "runs":
+          out.println(((LayeredMap) map).runCount());
+          break;
+        case "settle": {   // waits for background merges; answers the runs and the stats
+          boolean settled = ((LayeredMap) map).awaitMerges(60_000);
+          LocalStats s = map.stats();
+          out.println((settled ? "OK " : "TIMEOUT ") + s.runs() + " " + s.spills() + " " + s.merges() + " "
+              + s.diskRows() + " " + map.size());
+          break;
+        }
         case "fill": {
           // fill N SIZE: puts N new keys with SIZE-byte values; answers the most heap the in-heap layer
           // held after any put, and the spills

@@ -1,4 +1,4 @@
-package io.sparkstate.shim;
+package io.sparkstate.shim.codec;
 
 import java.io.BufferedReader;
 import java.io.FileInputStream;

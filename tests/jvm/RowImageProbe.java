@@ -1,4 +1,4 @@
-package io.sparkstate.shim;
+package io.sparkstate.shim.engine;
 
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
@@ -125,6 +125,15 @@ public class RowImageProbe {
             out.println(bad == null ? "OK" : "BAD " + bad);
             break;
           }
+          case "filter": {   // how many of N random hashes (absent, all but by chance) pass the key filter
+            java.util.Random random = new java.util.Random(Long.parseLong(a[2]));
+            int passed = 0;
+            for (int i = 0; i < Integer.parseInt(a[1]); i++) {
+              passed += image.mightContain(random.nextInt()) ? 1 : 0;
+            }
+            out.println("OK " + passed);
+            break;
+          }
           case "cache":
             out.println(cache.usedBytes() + " " + cache.blockCount() + " " + cache.capacity());
             break;
@@ -163,7 +172,9 @@ public class RowImageProbe {
       values[i] = r[3].equals("~") ? null : value(r[3]);
       WRITTEN.put(r[2], r);
     }
-    try (RowImageWriter w = new RowImageWriter(Paths.get(a[1]), Integer.parseInt(a[2]), a[3].equals("zstd"))) {
+    // a key filter sized for the records, unless the command says "nofilter" (a sixth word)
+    long expected = a.length > 5 && a[5].equals("nofilter") ? -1 : n;
+    try (RowImageWriter w = new RowImageWriter(Paths.get(a[1]), Integer.parseInt(a[2]), a[3].equals("zstd"), expected)) {
       if (a[4].equals("sorted")) {
         for (int i = 0; i < n; i++) {
           w.add(keyGroups[i], hashes[i], keys[i], values[i]);

@@ -96,7 +96,7 @@ def columns(table: pa.Table) -> dict:
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
     """One JVM running tests/jvm/EncoderProbe.java against the shim jar built from this tree."""
-    cmd = probe_command("EncoderProbe.java", "io.sparkstate.shim.EncoderProbe", tmp_path_factory.mktemp("probe"))
+    cmd = probe_command("EncoderProbe.java", "io.sparkstate.shim.codec.EncoderProbe", tmp_path_factory.mktemp("probe"))
     proc = ProbeProcess(cmd, stderr=subprocess.DEVNULL)
     yield lambda *fields: proc.answer("\t".join(fields))
     proc.close(timeout=60)

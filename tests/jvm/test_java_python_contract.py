@@ -17,7 +17,7 @@ from spark_state.spark.config import MAINTENANCE_LISTENER, WORKER_PLUGIN
 from spark_state.worker.protocol import PROTOCOL_VERSION
 from spark_state.worker.server import Dispatcher
 
-PACKAGE = "io.sparkstate.shim"
+PACKAGE = "io.sparkstate.shim.worker"
 #: The shim's classes that hold constants shared with Python.
 HOLDERS = ("Options", "StoreClient", "WorkerConnection")
 _CONSTANT = re.compile(r"^\s*(?:\w+ )*static final (?P<type>[\w.]+) (?P<name>\w+) = (?P<value>.*);$")

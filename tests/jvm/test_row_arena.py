@@ -1,5 +1,7 @@
-"""StateMap's row arena, and the layered map (overlay over row images, spilling), against a dict model,
-through a real JVM (tests/jvm/ArenaProbe.java).
+"""The engine's layered map against a dict model, through a real JVM (tests/jvm/ArenaProbe.java): its rows
+in the heap alone ("arena"), and under a budget so small that puts spill to runs on local disk, which merge
+in the background ("layered"). Every write's answer (the key was absent, held, or changed earlier in the
+batch: what a change log records) is checked against the model too.
 
 Pages of 256 bytes and compaction from 512 bytes of garbage, so small examples cross pages, hold
 records larger than a page, compact and grow the table, also while an iterator runs."""
@@ -27,7 +29,7 @@ MAPS = {
 
 @pytest.fixture(scope="module", params=sorted(MAPS))
 def probe(request, tmp_path_factory):
-    cmd = probe_command("ArenaProbe.java", "io.sparkstate.shim.ArenaProbe", tmp_path_factory.mktemp("arena-probe"),
+    cmd = probe_command("ArenaProbe.java", "io.sparkstate.shim.engine.ArenaProbe", tmp_path_factory.mktemp("arena-probe"),
                         "-ea", "-Dspark_state.arenaPageBytes=256", "-Dspark_state.arenaMinGarbage=512",
                         f"-Djava.io.tmpdir={tmp_path_factory.mktemp('spill')}", *MAPS[request.param], heap="256m")
     probe = Probe(cmd)
@@ -64,6 +66,7 @@ ops = st.one_of(
     st.tuples(st.just("remove"), keys),
     st.tuples(st.just("iter"), st.lists(actions, max_size=12)),
     st.tuples(st.just("spill")),
+    st.tuples(st.just("batch")),
 )
 
 
@@ -77,7 +80,7 @@ def token(a: tuple) -> str:
     return f"p:{h(a[1])}:{h(a[2])}"
 
 
-def iterate(probe: Probe, model: dict, acts: list) -> None:
+def iterate(probe: Probe, model: dict, acts: list, changed: set | None = None) -> None:
     """Each visited row is live with its current value at that moment; a key nobody touched while the
     iterator ran is visited exactly once."""
     probe.send("iter " + " ".join(token(a) for a in acts))
@@ -86,6 +89,7 @@ def iterate(probe: Probe, model: dict, acts: list) -> None:
     lines = []
     while (line := probe.read()) != "END":
         lines.append(line)
+    changed = set() if changed is None else changed
     for line in lines:
         _, k, v = line.split(" ")
         k = unh(k)
@@ -96,15 +100,20 @@ def iterate(probe: Probe, model: dict, acts: list) -> None:
         if a[0] == "r":
             del model[k]
             touched.add(k)
+            changed.add(k)
         elif a[0] == "u":
             model[k] = a[1]
             touched.add(k)
+            changed.add(k)
         elif a[0] == "d":
+            if a[1] in model:
+                changed.add(a[1])
             model.pop(a[1], None)
             touched.add(a[1])
         elif a[0] == "p":
             model[a[1]] = a[2]
             touched.add(a[1])
+            changed.add(a[1])
     for k in start - touched:
         assert visits.count(k) == 1, (k, visits)
 
@@ -114,22 +123,30 @@ def iterate(probe: Probe, model: dict, acts: list) -> None:
 def test_the_arena_map_behaves_as_a_dict(probe, script):
     probe.reset()
     model: dict[bytes, bytes] = {}
+    changed: set[bytes] = set()   # keys written since the batch began
     for op in script:
         if op[0] == "put":
-            old = model.get(op[1])
-            assert probe.ask(f"put {h(op[1])} {h(op[2])}") == ("NULL" if old is None else h(old))
+            expected = "CHANGED" if op[1] in changed else "HELD" if op[1] in model else "ABSENT"
+            assert probe.ask(f"put {h(op[1])} {h(op[2])}") == expected
             model[op[1]] = op[2]
+            changed.add(op[1])
         elif op[0] == "get":
             old = model.get(op[1])
             assert probe.ask(f"get {h(op[1])}") == ("NULL" if old is None else h(old))
         elif op[0] == "remove":
-            old = model.pop(op[1], None)
-            assert probe.ask(f"remove {h(op[1])}") == ("NULL" if old is None else h(old))
+            expected = "ABSENT" if op[1] not in model else "CHANGED" if op[1] in changed else "HELD"
+            assert probe.ask(f"remove {h(op[1])}") == expected
+            if op[1] in model:
+                changed.add(op[1])
+            model.pop(op[1], None)
         elif op[0] == "spill":
             if probe.kind == "layered":
                 assert probe.ask("spill") == f"OK {len(model)}"
+        elif op[0] == "batch":
+            assert probe.ask("batch") == "OK"
+            changed.clear()
         else:
-            iterate(probe, model, op[1])
+            iterate(probe, model, op[1], changed)
         assert probe.ask("size") == str(len(model))
     iterate(probe, model, [])
     assert probe.ask("held") == "OK"
@@ -174,3 +191,20 @@ def test_the_layered_map_holds_no_more_than_its_budget_however_many_rows(probe):
     assert size == 3000
     assert spills > 50
     assert most <= 3072 + 8 * 200 + 4096, f"the in-heap rows reached {most} bytes"
+
+
+def test_spills_write_runs_that_merge_in_the_background_into_a_few(probe):
+    """3,000 rows under a 4 KiB budget spill hundreds of times; the runs merge in the background (each merge
+    at least doubles a run), so once merges settle the store keeps a few runs, not hundreds, and every row is
+    still there exactly once."""
+    if probe.kind != "layered":
+        pytest.skip("the arena has no budget")
+    probe.reset()
+    probe.ask("fill 3000 100")
+    assert probe.ask("batch") == "OK"
+    state, runs, spills, merges, disk_rows, size = probe.ask("settle").split()
+    assert state == "OK" and size == "3000"
+    assert int(spills) > 50 and int(merges) > 0, (spills, merges)
+    assert int(runs) <= 12, f"{runs} runs after {spills} spills and {merges} merges"
+    model = {f"fill-{j}".encode(): bytes(100) for j in range(3000)}
+    iterate(probe, model, [])

@@ -28,7 +28,7 @@ RELOAD = "the store will reload its state from the checkpoint"
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
-    cmd = probe_command("RowImageProbe.java", "io.sparkstate.shim.RowImageProbe",
+    cmd = probe_command("RowImageProbe.java", "io.sparkstate.shim.engine.RowImageProbe",
                         tmp_path_factory.mktemp("rowimage-probe"), "-ea", "-Dspark_state.rowImageReadAhead=700",
                         heap="256m")
     probe = Probe(cmd, tmp_path_factory.mktemp("rowimages"))
@@ -93,9 +93,18 @@ def read_image(path: Path) -> Image:
     data = path.read_bytes()
     assert len(data) >= TRAILER.size
     index_offset, total, nblocks, index_crc, codec, flags, magic, version = TRAILER.unpack_from(data, len(data) - 40)
-    assert (magic, version) == (b"SPKSTRI", 1)
-    assert codec in (0, 1) and flags in (0, 1)
-    assert index_offset + nblocks * ENTRY.size + TRAILER.size == len(data)
+    assert (magic, version) == (b"SPKSTRI", 2)
+    assert codec in (0, 1) and flags in range(4)
+    filter_words = []
+    if flags & 2:   # a key filter between the index and the trailer
+        words, k, crc, reserved = struct.unpack_from("<IIII", data, len(data) - 56)
+        assert 1 <= k <= 30 and reserved == 0
+        start = len(data) - 56 - 8 * words
+        assert zlib.crc32(data[start:start + 8 * words]) == crc
+        filter_words = list(struct.unpack_from(f"<{words}Q", data, start))
+        filter_hashes = k
+    tail = (8 * len(filter_words) + 16 if flags & 2 else 0) + TRAILER.size
+    assert index_offset + nblocks * ENTRY.size + tail == len(data)
     index = data[index_offset:index_offset + nblocks * ENTRY.size]
     assert zlib.crc32(index) == index_crc
     blocks, records, at = [], [], 0
@@ -125,7 +134,22 @@ def read_image(path: Path) -> Image:
     assert keys == sorted(keys)
     assert len({r[2] for r in records}) == len(records), "a key appears at most once in a file"
     assert bool(flags & 1) == any(r[3] is None for r in records)
+    if filter_words:
+        assert len(filter_words) == max(1, -(-10 * total // 64)), "10 bits per record"
+        for _, hsh, _, _ in records:
+            assert all(filter_words[b >> 6] >> (b & 63) & 1 for b in filter_bits(hsh, len(filter_words), filter_hashes))
     return Image(codec, flags, blocks, records)
+
+
+def filter_bits(hsh: int, words: int, k: int) -> list[int]:
+    """The key filter's bit positions of a record's hash, written from docs/row-image.md (format 2)."""
+    mask = (1 << 64) - 1
+    z = ((hsh & 0xFFFFFFFF) + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    z = z ^ (z >> 31)
+    a, b, m = z & 0xFFFFFFFF, (z >> 32) | 1, 64 * words
+    return [((((a + i * b) & 0xFFFFFFFF) * m) & mask) >> 32 for i in range(k)]
 
 
 def check_packing(image: Image, block_bytes: int) -> None:
@@ -195,7 +219,7 @@ def test_an_image_holds_exactly_its_records(probe, model, absent, block_bytes, c
 
 def test_an_empty_image(probe):
     path = probe.write([], 256)
-    assert path.stat().st_size == 40
+    assert path.stat().st_size == 40 + 8 + 16   # trailer, a one-word key filter and its header
     assert read_image(path).records == []
     assert probe.ask(f"open {path} 1 1000") == "OK 0 0"
     assert probe.scan() == []
@@ -311,18 +335,18 @@ def test_bad_magic_is_refused(probe, damaged):
 def test_a_newer_format_version_asks_for_an_upgrade(probe, damaged):
     path, _, _, write = damaged
     data = bytearray(path.read_bytes())
-    data[-1] = 2
+    data[-1] = 3
     copy = write(bytes(data))
     answer = probe.ask(f"open {copy} 1 10000")
     assert answer.startswith("ERR RowImageException: "), answer
-    assert str(copy) in answer and "written by a newer spark_state" in answer and "version 2" in answer, answer
+    assert str(copy) in answer and "written by a newer spark_state" in answer and "version 3" in answer, answer
     assert "upgrade spark_state" in answer and RELOAD in answer, answer
 
 
 def test_a_damaged_index_is_refused_at_open(probe, damaged):
     path, _, image, write = damaged
     data = bytearray(path.read_bytes())
-    index_offset = len(data) - 40 - 40 * len(image.blocks)
+    index_offset = TRAILER.unpack_from(data, len(data) - 40)[0]
     data[index_offset + 40 * 3 + 20] ^= 0x01
     copy = write(bytes(data))
     assert_corrupt(probe.ask(f"open {copy} 1 10000"), copy, "block index fails its CRC-32")
@@ -343,7 +367,7 @@ def test_a_flipped_bit_in_a_block_fails_its_checksum(probe, tmp_path, codec):
     path = probe.write(records, 256, codec)
     image = read_image(path)
     data = bytearray(path.read_bytes())
-    entries = [ENTRY.unpack_from(data, len(data) - 40 - 40 * len(image.blocks) + 40 * b)
+    entries = [ENTRY.unpack_from(data, TRAILER.unpack_from(data, len(data) - 40)[0] + 40 * b)
                for b in range(len(image.blocks))]
     target = 5
     offset, stored = entries[target][2], entries[target][3]
@@ -372,10 +396,34 @@ def test_a_damaged_record_is_caught_without_checksums(probe, tmp_path):
     path = probe.write(records, 256, "raw")
     image = read_image(path)
     data = bytearray(path.read_bytes())
-    offset = ENTRY.unpack_from(data, len(data) - 40 - 40 * len(image.blocks) + 40 * 4)[2]
+    offset = ENTRY.unpack_from(data, TRAILER.unpack_from(data, len(data) - 40)[0] + 40 * 4)[2]
     data[offset + 8 + 3] ^= 0x40   # the first record's keyLength, high byte
     copy = tmp_path / "bad-length.rimg"
     copy.write_bytes(bytes(data))
     assert probe.ask(f"open {copy} 0 100000").startswith("OK")
     kg, hsh, k, _ = records[[i for i in range(len(records)) if block_of(image, i) == 4][0]]
     assert_corrupt(probe.ask(f"get {kg} {hsh} {h(k)}"), copy, f"block 4 of {len(image.blocks)}", "lengths")
+
+
+def test_a_damaged_key_filter_is_refused_at_open(probe, damaged):
+    path, _, _, write = damaged
+    data = bytearray(path.read_bytes())
+    words = struct.unpack_from("<I", data, len(data) - 56)[0]
+    data[len(data) - 56 - 8 * words + 3] ^= 0x10
+    copy = write(bytes(data))
+    answer = probe.ask(f"open {copy} 1 10000")
+    assert answer.startswith("ERR RowImageException: "), answer
+    assert str(copy) in answer and "key filter fails its CRC-32" in answer and RELOAD in answer, answer
+
+
+def test_the_key_filter_rules_out_almost_every_absent_key(probe):
+    """At 10 bits per record, about 0.8% of absent keys pass the filter (a block read each): a lookup of an
+    absent key reads no block in at least 98% of cases here (10,000 absent hashes, a wide margin)."""
+    records = [(i % 7, (i * 2654435761) & 0x7FFFFFFF, f"k{i}".encode(), b"v") for i in range(2000)]
+    path = probe.write(sorted(records, key=lambda r: sort_key(r[0], r[1])), 4096)
+    image = read_image(path)
+    assert image.flags & 2
+    assert probe.ask(f"open {path} 1 100000").startswith("OK")
+    passed = probe.ask("filter 10000 12345")
+    assert passed.startswith("OK "), passed
+    assert int(passed.split()[1]) <= 200, passed

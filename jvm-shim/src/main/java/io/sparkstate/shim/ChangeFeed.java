@@ -1,5 +1,9 @@
 package io.sparkstate.shim;
 
+import io.sparkstate.shim.codec.ArrowCodec;
+import io.sparkstate.shim.engine.StateMap;
+import io.sparkstate.shim.worker.StoreClient;
+
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.Iterator;

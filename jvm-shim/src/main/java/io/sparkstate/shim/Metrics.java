@@ -1,5 +1,8 @@
 package io.sparkstate.shim;
 
+import io.sparkstate.shim.engine.LocalStats;
+import io.sparkstate.shim.engine.StateMap;
+
 import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;
@@ -25,24 +28,42 @@ final class Metrics {
       MaintenanceWarnings.METRIC, "spark_state: consecutive failed background maintenance runs of the stores");
 
   static final StateStoreCustomMetric IMAGE_ROWS = new StateStoreCustomSumMetric(
-      "sparkStateImageRows", "spark_state: rows looked up in row images on local disk instead of held on the heap");
+      "sparkStateImageRows", "spark_state: rows on local disk (sorted runs and the checkpoint's row image), looked up "
+      + "there rather than held on the heap");
+  static final StateStoreCustomMetric ROWS_LOADED = new StateStoreCustomSumMetric(
+      "sparkStateRowsLoaded", "spark_state: rows decoded into the heap by the batch's load (0 when the version was "
+      + "held, or only its row image's index was read)");
+  static final StateStoreCustomMetric SPILLS = new StateStoreCustomSumMetric(
+      "sparkStateSpills", "spark_state: times the batch wrote the rows it held on the heap to a run on local disk "
+      + "(the memory budget was full)");
+  static final StateStoreCustomMetric SPILLED_BYTES = new StateStoreCustomSumMetric(
+      "sparkStateSpilledBytes", "spark_state: bytes those spills wrote to local disk");
+  static final StateStoreCustomMetric RUNS = new StateStoreCustomSumMetric(
+      "sparkStateRuns", "spark_state: sorted runs on local disk (a get of an existing key reads one of them; "
+      + "background merges keep them few)");
 
   /** What {@code StateStoreProvider.supportedCustomMetrics} declares. */
   static final List<StateStoreCustomMetric> ALL = Arrays.asList(
-      COMMIT_TIME, LOAD_TIME, BYTES_WRITTEN, WORKER_RESTARTS, MAINTENANCE_FAILURES, IMAGE_ROWS);
+      COMMIT_TIME, LOAD_TIME, BYTES_WRITTEN, WORKER_RESTARTS, MAINTENANCE_FAILURES, IMAGE_ROWS, ROWS_LOADED, SPILLS,
+      SPILLED_BYTES, RUNS);
 
   private Metrics() {}
 
-  /** One store's metrics for its batch. */
-  static StateStoreMetrics of(StateMap rows, long commitTimeMs, long loadTimeMs, long bytesWritten,
-      long workerRestarts, long maintenanceFailures) {
+  /** One store's metrics for its batch ({@code atStart}: the rows' stats when the batch began). */
+  static StateStoreMetrics of(StateMap rows, LocalStats atStart, long commitTimeMs, long loadTimeMs, long rowsLoaded,
+      long bytesWritten, long workerRestarts, long maintenanceFailures) {
+    LocalStats now = rows.stats();
     Map<StateStoreCustomMetric, Object> custom = new HashMap<>();
+    custom.put(ROWS_LOADED, rowsLoaded);
+    custom.put(SPILLS, now.spills() - atStart.spills());
+    custom.put(SPILLED_BYTES, now.spilledBytes() - atStart.spilledBytes());
+    custom.put(RUNS, (long) now.runs());
     custom.put(COMMIT_TIME, commitTimeMs);
     custom.put(LOAD_TIME, loadTimeMs);
     custom.put(BYTES_WRITTEN, bytesWritten);
     custom.put(WORKER_RESTARTS, workerRestarts);
     custom.put(MAINTENANCE_FAILURES, maintenanceFailures);
-    custom.put(IMAGE_ROWS, rows.imageRows());
+    custom.put(IMAGE_ROWS, now.diskRows());
     return SparkCompat.metrics(rows.size(), rows.bytes(), immutableMap(custom));
   }
 

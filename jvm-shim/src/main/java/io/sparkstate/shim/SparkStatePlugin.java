@@ -1,5 +1,9 @@
 package io.sparkstate.shim;
 
+import io.sparkstate.shim.codec.TypedCodec;
+import io.sparkstate.shim.worker.Options;
+import io.sparkstate.shim.worker.WorkerClient;
+
 import java.util.HashMap;
 import java.util.Map;
 

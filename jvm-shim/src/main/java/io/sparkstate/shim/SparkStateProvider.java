@@ -1,5 +1,21 @@
 package io.sparkstate.shim;
 
+import io.sparkstate.shim.engine.Restore;
+import io.sparkstate.shim.engine.StoreSpec;
+
+import io.sparkstate.shim.codec.ArrowCodec;
+import io.sparkstate.shim.codec.ChangeLog;
+import io.sparkstate.shim.codec.KeyHasher;
+import io.sparkstate.shim.codec.RowFormat;
+import io.sparkstate.shim.engine.Engine;
+import io.sparkstate.shim.engine.KeyOrder;
+import io.sparkstate.shim.engine.RowImageException;
+import io.sparkstate.shim.engine.StateMap;
+import io.sparkstate.shim.worker.ChangeStream;
+import io.sparkstate.shim.worker.Options;
+import io.sparkstate.shim.worker.StoreClient;
+import io.sparkstate.shim.worker.WorkerClient;
+
 import java.io.IOException;
 import java.io.InputStream;
 import java.io.UncheckedIOException;
@@ -62,6 +78,8 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
   private Configuration hadoopConf;
   private RowFormat format;
   private KeyHasher hasher;
+  /** What the local tier knows of this store. */
+  private StoreSpec spec;
   private volatile StoreClient client;
   /**
    * Stores (by {@link StateStoreId}) whose row image failed a read in this executor (corrupt,
@@ -88,6 +106,10 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
   private boolean closed;
   /** Time spent loading {@link #live} not yet reported by a store's metrics. Guarded by {@code this}. */
   private long unreportedLoadMs;
+  /** Rows loads decoded into the heap not yet reported by a store's metrics. Guarded by {@code this}. */
+  private long unreportedRowsLoaded;
+  /** Rows the last load decoded (the stream's rows). Guarded by {@code this}. */
+  private long lastLoadRows;
   /** The version this provider last loaded or committed (-1: none); maintenance retains around it. */
   private volatile long heldVersion = -1;
   /** The worker's maintenance status of this store, as it last reported it. */
@@ -148,10 +170,13 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
 
     Options options = Options.from(CollectionConverters.asJava(storeConf.sqlConfs()));
     WorkerClient worker = WorkerClient.get();
-    StoreClient.validate(worker, options);
+    Engine.executor().budget().setLimit(StoreClient.validate(worker, options));
     this.hasher = new KeyHasher(keySchema,
         KeyHasher.hashFieldCount(keySchema, numColsPrefixKey, stateStoreId.storeName()), options.maxParallelism());
     this.format = rowFormat(keySchema, valueSchema, hasher);
+    this.spec = new StoreSpec(keySchema, valueSchema.fields().length, numColsPrefixKey,
+        KeyOrder.of(hasher::hash, hasher::keyGroup),
+        this::imageFailed);
     if (!format.typed()) {
       LOG.info("spark_state: {} keeps opaque rows (file format 1): Spark's Arrow conversion cannot map its key "
           + "schema {} or value schema {}", this, keySchema.simpleString(), valueSchema.simpleString());
@@ -213,10 +238,12 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     long restarts = client.restarts();
     refreshLive(version);
     live.rows.endBatch();
-    ChangeLog changes = format.newChangeLog(Math.min(lastChanges, MAX_EXPECTED_CHANGES),
-        new ChangeStream(client, version + 1));
-    open = new SparkStateStore(this, live, changes, unreportedLoadMs, restarts);
+    Engine engine = Engine.executor();
+    ChangeStream stream = new ChangeStream(client, version + 1, engine::newLocalFile, engine.budget());
+    ChangeLog changes = format.newChangeLog(Math.min(lastChanges, MAX_EXPECTED_CHANGES), stream);
+    open = new SparkStateStore(this, live, changes, stream, unreportedLoadMs, unreportedRowsLoaded, restarts);
     unreportedLoadMs = 0;
+    unreportedRowsLoaded = 0;
     return open;
   }
 
@@ -264,6 +291,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     heldVersion = version;
     if (live != held) {
       unreportedLoadMs += (System.nanoTime() - t0) / 1_000_000L;
+      unreportedRowsLoaded += lastLoadRows;
     }
   }
 
@@ -293,7 +321,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     if (loaded == null) {
       return known;
     }
-    long images = loaded.rows.imageRows();
+    long images = loaded.rows.stats().diskRows();
     if (images > 0) {
       LOG.info("spark_state: loaded version {} of {} lazily (a row image of {} rows, the changes after it on the heap) "
           + "in {} ms", version, stateStoreId, images, (System.nanoTime() - t0) / 1_000_000L);
@@ -308,6 +336,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
   private static final StateVersion IMAGE_UNUSABLE = new StateVersion(null, -1, null, false);
 
   private StateVersion decodeWhole(long version, long rows, String commitId, InputStream state) throws IOException {
+    lastLoadRows = rows;
     StateMap map = newMap(rows);
     try {
       boolean typed = ArrowCodec.decodeState(state, keySchema, valueSchema, map::put);
@@ -319,52 +348,25 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
   }
 
   /**
-   * A lazy load's answer: the snapshot's row image as the base of a {@link LayeredMap}, and the
-   * {@code changes} after it (deletes as null values) on top. No row of the image is decoded.
+   * A lazy load's answer: the snapshot's row image as the bottom of the store, and the {@code changes}
+   * after it (deletes as null values) on top. No row of the image is decoded.
    */
   private StateVersion onImage(long version, long changes, String commitId, StoreClient.Image image,
       InputStream state) throws IOException {
-    RowImage opened = openImage(image);
-    if (opened == null) {
+    lastLoadRows = changes;
+    Restore restore = Engine.executor().restore(spec, image.path, image.rows, image.temporary, changes);
+    if (restore == null) {
       return IMAGE_UNUSABLE;
     }
-    LayeredMap map = newLayeredMap(changes);
     try {
-      map.setBase(opened, image.rows);
       boolean typed = image.typed;
       if (changes > 0) {
-        typed = ArrowCodec.decodeState(state, keySchema, valueSchema, map::loadChange, true);
+        typed = ArrowCodec.decodeState(state, keySchema, valueSchema, restore::change, true);
       }
-      return new StateVersion(map, version, commitId, typed);
+      return new StateVersion(restore.finish(-1), version, commitId, typed);
     } catch (IOException | RuntimeException e) {
-      map.close();
+      restore.abandon();
       throw e;
-    }
-  }
-
-  /** The image a lazy load names, open; null (logged) when it cannot be used. A temporary copy is unlinked. */
-  private RowImage openImage(StoreClient.Image image) {
-    try {
-      RowImage opened = RowImage.open(image.path, keySchema.fields().length, valueSchema.fields().length,
-          MemoryBudget.EXECUTOR.cache(), true);
-      if (opened.rows() != image.rows || opened.hasTombstones()) {
-        opened.close();
-        throw RowImageException.corrupt(image.path, opened.rows() + " records where the snapshot holds "
-            + image.rows + " rows");
-      }
-      return opened;
-    } catch (IOException | RuntimeException e) {
-      LOG.warn("spark_state: {} cannot use the row image {} ({}); loading the version's rows instead", this,
-          image.path, e.toString());
-      return null;
-    } finally {
-      if (image.temporary) {
-        try {
-          Files.deleteIfExists(image.path);   // an open image reads through its descriptor
-        } catch (IOException e) {
-          LOG.warn("spark_state: cannot delete the downloaded row image {}: {}", image.path, e.toString());
-        }
-      }
     }
   }
 
@@ -378,13 +380,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
 
   /** The row store of a version with about {@code expectedRows} keys. */
   private StateMap newMap(long expectedRows) {
-    return numColsPrefixKey > 0 ? new PrefixScanMap(keySchema, numColsPrefixKey, expectedRows)
-        : newLayeredMap(expectedRows);
-  }
-
-  private LayeredMap newLayeredMap(long expectedRows) {
-    return new LayeredMap(keySchema.fields().length, valueSchema.fields().length, expectedRows, hasher,
-        MemoryBudget.EXECUTOR, this::imageFailed);
+    return Engine.executor().newStore(spec, expectedRows);
   }
 
   /**
@@ -393,7 +389,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
    * build on opaque files, nor the reverse); the worker refuses it if storage holds another base
    * commit. Makes the new version the live one; returns the bytes the worker wrote.
    */
-  long commit(SparkStateStore store, ChangeLog changes) {
+  long commit(SparkStateStore store, ChangeLog changes, ChangeStream stream) {
     StateVersion base = store.base;
     long newVersion = base.version + 1;
     boolean whole = base.needsWholeCommit(format);
@@ -406,7 +402,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
         changes.close();
         body = format.encode(base.rows.iterator(), base.rows.size());
       } else {
-        streamed = changes.streamed();
+        streamed = stream != null && stream.chunks() > 0 ? stream : null;
         body = changes.finish();
       }
     } catch (IOException e) {
@@ -481,8 +477,8 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
       Option<String> startStateStoreCkptId, Option<String> endStateStoreCkptId) {
     checkVersion(snapshotVersion, startStateStoreCkptId);
     checkVersion(endVersion, endStateStoreCkptId);
-    return new SparkStateStore(this, history().replay(snapshotVersion, endVersion), format.newChangeLog(0, null), 0,
-        client.restarts());
+    return new SparkStateStore(this, history().replay(snapshotVersion, endVersion), format.newChangeLog(0, null), null, 0,
+        0, client.restarts());
   }
 
   /** Spark 4.0. */

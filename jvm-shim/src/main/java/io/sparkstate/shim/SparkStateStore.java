@@ -1,5 +1,10 @@
 package io.sparkstate.shim;
 
+import io.sparkstate.shim.codec.ChangeLog;
+import io.sparkstate.shim.engine.LocalStats;
+import io.sparkstate.shim.engine.StateMap;
+import io.sparkstate.shim.worker.ChangeStream;
+
 import org.apache.spark.TaskContext;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.execution.streaming.state.KeyStateEncoderSpec;
@@ -20,20 +25,27 @@ final class SparkStateStore extends StoreView implements StateStore {
   private enum State { UPDATING, COMMITTED, ABORTED }
 
   private final ChangeLog changes;
+  /** Where the log streams its chunks during the batch (null: a replayed store, nothing streams). */
+  private final ChangeStream stream;
   private volatile State state = State.UPDATING;
   private boolean commitSent;
 
   // metrics of this store's batch
   private final long loadTimeMs;
+  private final long rowsLoaded;
+  private final LocalStats atStart;
   private final long restartsAtStart;
   private long commitTimeMs;
   private long bytesWritten;
 
-  SparkStateStore(SparkStateProvider provider, StateVersion base, ChangeLog changes, long loadTimeMs,
-      long restartsAtStart) {
+  SparkStateStore(SparkStateProvider provider, StateVersion base, ChangeLog changes, ChangeStream stream,
+      long loadTimeMs, long rowsLoaded, long restartsAtStart) {
     super(provider, base);
     this.changes = changes;
+    this.stream = stream;
     this.loadTimeMs = loadTimeMs;
+    this.rowsLoaded = rowsLoaded;
+    this.atStart = rows.stats();
     this.restartsAtStart = restartsAtStart;
     TaskContext ctx = TaskContext.get();
     if (ctx != null) {
@@ -53,16 +65,16 @@ final class SparkStateStore extends StoreView implements StateStore {
       throw new IllegalArgumentException("spark_state: cannot put a null value");
     }
     checkUpdating("put");
-    rows.put(key, value);
-    changes.add(key, value);
+    changes.add(key, value, rows.put(key, value) == StateMap.CHANGED);
   }
 
   @Override
   public void remove(UnsafeRow key, String colFamilyName) {
     Unsupported.checkColumnFamily(colFamilyName, provider);
     checkUpdating("remove");
-    if (rows.remove(key) != null) {
-      changes.add(key, null);
+    int was = rows.remove(key);
+    if (was != StateMap.ABSENT) {
+      changes.add(key, null, was == StateMap.CHANGED);
     }
   }
 
@@ -71,7 +83,7 @@ final class SparkStateStore extends StoreView implements StateStore {
     checkUpdating("commit");
     long t0 = System.nanoTime();
     commitSent = true;
-    bytesWritten = provider.commit(this, changes);
+    bytesWritten = provider.commit(this, changes, stream);
     commitTimeMs = (System.nanoTime() - t0) / 1_000_000L;
     state = State.COMMITTED;
     return base.version + 1;
@@ -100,7 +112,8 @@ final class SparkStateStore extends StoreView implements StateStore {
 
   @Override
   public StateStoreMetrics metrics() {
-    return Metrics.of(rows, commitTimeMs, loadTimeMs, bytesWritten, provider.workerRestarts() - restartsAtStart,
+    return Metrics.of(rows, atStart, commitTimeMs, loadTimeMs, rowsLoaded, bytesWritten,
+        provider.workerRestarts() - restartsAtStart,
         provider.maintenanceFailures());
   }
 

@@ -1,5 +1,8 @@
 package io.sparkstate.shim;
 
+import io.sparkstate.shim.codec.RowFormat;
+import io.sparkstate.shim.engine.StateMap;
+
 /**
  * A committed version of a store as this JVM holds it: its rows and which commit they are
  * (docs/consistency.md). Immutable; the open store changes {@link #rows} in place, so once a batch

@@ -1,5 +1,7 @@
 package io.sparkstate.shim;
 
+import io.sparkstate.shim.engine.StateMap;
+
 import java.util.Collections;
 import java.util.Iterator;
 

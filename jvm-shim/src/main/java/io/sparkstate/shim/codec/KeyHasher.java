@@ -1,0 +1,69 @@
+package io.sparkstate.shim.codec;
+
+import java.util.ArrayList;
+import java.util.List;
+
+import org.apache.spark.sql.catalyst.expressions.BoundReference;
+import org.apache.spark.sql.catalyst.expressions.Expression;
+import org.apache.spark.sql.catalyst.expressions.Murmur3Hash;
+import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
+import org.apache.spark.sql.types.StructField;
+import org.apache.spark.sql.types.StructType;
+import scala.jdk.javaapi.CollectionConverters;
+
+/**
+ * A key's hash exactly as Spark's {@code HashPartitioning} computes it for the grouping columns
+ * ({@code Murmur3Hash(columns, seed 42)}), and its key group {@code pmod(hash, maxParallelism)}.
+ *
+ * <p>The hashed columns are the leading {@code numHashFields} columns of the key row: all of them
+ * for most operators, the prefix for session windows (partitioned by the keys without the session),
+ * all but the trailing {@code index} column for a stream-stream join's keyWithIndexToValue store.
+ */
+public final class KeyHasher {
+  static final int SEED = 42;
+  /** The default number of key groups (the worker's option maxParallelism; spark_state/options.py). */
+  public static final int DEFAULT_MAX_PARALLELISM = 100_800;
+  /**
+   * The hash as generated code (one projection to an int column): the interpreted expression was a
+   * quarter of a commit's time in the JVM. Projections are not thread-safe, so {@link #hash} is synchronized.
+   */
+  private final UnsafeProjection projection;
+  private final int maxParallelism;
+
+  public KeyHasher(StructType keySchema, int numHashFields, int maxParallelism) {
+    StructField[] fields = keySchema.fields();
+    List<Expression> refs = new ArrayList<>();
+    for (int i = 0; i < numHashFields; i++) {
+      refs.add(new BoundReference(i, fields[i].dataType(), fields[i].nullable()));
+    }
+    Expression hash = new Murmur3Hash(CollectionConverters.asScala(refs).toList(), SEED);
+    this.projection = UnsafeProjection.create(CollectionConverters.asScala(List.of(hash)).toSeq());
+    this.maxParallelism = maxParallelism;
+  }
+
+  /** Number of leading key columns that Spark partitions this store's keys by. */
+  public static int hashFieldCount(StructType keySchema, int numColsPrefixKey, String storeName) {
+    int n = keySchema.fields().length;
+    if (numColsPrefixKey > 0) {
+      return numColsPrefixKey;
+    }
+    if (storeName != null && storeName.endsWith("keyWithIndexToValue") && n > 1) {
+      return n - 1;
+    }
+    return n;
+  }
+
+  public synchronized int hash(UnsafeRow key) {
+    return projection.apply(key).getInt(0);
+  }
+
+  public int keyGroup(int hash) {
+    return pmod(hash, maxParallelism);
+  }
+
+  static int pmod(int hash, int m) {
+    int r = hash % m;
+    return r < 0 ? r + m : r;
+  }
+}

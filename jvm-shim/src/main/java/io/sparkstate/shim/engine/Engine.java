@@ -1,0 +1,133 @@
+package io.sparkstate.shim.engine;
+
+import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.atomic.AtomicLong;
+
+import io.sparkstate.shim.memory.MemoryBudget;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * The executor's local tier: the memory budget its stores share, the block cache of their row
+ * images, the directory they spill to. Everything here is derived from the checkpoint and may be
+ * dropped at any moment. One per executor JVM ({@link #executor}); tests make their own.
+ */
+public final class Engine {
+  private static final Logger LOG = LoggerFactory.getLogger(Engine.class);
+  private static final Engine EXECUTOR = new Engine(MemoryBudget.executor());
+
+  /** Spills of an executor after which it says, once, that state rows spill (WARN: Spark's default level). */
+  static final int SPILLS_BEFORE_NOTICE = 3;
+
+  private final MemoryBudget budget;
+  private final BlockCache cache;
+  /** Background merges of runs: one thread for the executor, so merges never take more than a core. */
+  private final ExecutorService merger = Executors.newSingleThreadExecutor(r -> {
+    Thread t = new Thread(r, "spark-state-merge");
+    t.setDaemon(true);
+    t.setPriority(Thread.NORM_PRIORITY - 1);
+    return t;
+  });
+  private final AtomicLong spills = new AtomicLong();
+  private final AtomicLong spilledBytes = new AtomicLong();
+
+  public Engine(MemoryBudget budget) {
+    this.budget = budget;
+    this.cache = new BlockCache(budget);
+  }
+
+  public static Engine executor() {
+    return EXECUTOR;
+  }
+
+  public MemoryBudget budget() {
+    return budget;
+  }
+
+  BlockCache cache() {
+    return cache;
+  }
+
+  /**
+   * A new empty file under the executor's local directories (Spark's {@code spark.local.dir}), for data the
+   * caller unlinks once open (spooled changes).
+   */
+  public Path newLocalFile() throws IOException {
+    return SpillDirectory.newFile();
+  }
+
+  /** Runs {@code job} on the merge thread. */
+  void merge(Runnable job) {
+    merger.execute(job);
+  }
+
+  /**
+   * A store spilled {@code heapBytes} of rows into {@code fileBytes} of runs. The executor's first few
+   * spills are part of life with state larger than memory; from the third on the executor says so once,
+   * at WARN, with the option that changes it.
+   */
+  void spilled(long heapBytes, long fileBytes) {
+    long n = spills.incrementAndGet();
+    spilledBytes.addAndGet(fileBytes);
+    if (n == SPILLS_BEFORE_NOTICE) {
+      LOG.warn("spark_state: state rows spill to local disk ({} spills, {} MiB written so far; memory budget {} MiB, "
+          + "in use {}). Expected when the state is larger than the budget; if batches slow down, raise "
+          + "spark.sql.streaming.stateStore.sparkState.memoryLimit or the executor memory. The progress metrics "
+          + "sparkStateSpills and sparkStateSpilledBytes count them.", n, spilledBytes.get() >> 20,
+          budget.limit() >> 20, budget.usedByKind());
+    }
+  }
+
+  /** Spills of every store of this engine so far. */
+  public long spills() {
+    return spills.get();
+  }
+
+  /** An empty store for about {@code expectedRows} keys. */
+  public StateMap newStore(StoreSpec spec, long expectedRows) {
+    if (spec.prefixColumns() > 0) {
+      return new PrefixScanMap(spec.keySchema(), spec.prefixColumns(), expectedRows);
+    }
+    return new LayeredMap(spec.keyFields(), spec.valueFields(), expectedRows, spec.order(), this, spec.onDamage());
+  }
+
+  /**
+   * A store restored over the checkpoint's row image at {@code path} (a whole state of {@code rows} keys):
+   * the image is opened (its trailer and index read and checked) and the caller applies the changes after
+   * it. Null, logged, when the image cannot be used (the caller loads the rows instead: an image is never
+   * the truth). A {@code temporary} copy is unlinked once open (it is read through its descriptor).
+   */
+  public Restore restore(StoreSpec spec, Path path, long rows, boolean temporary, long expectedChanges) {
+    if (spec.prefixColumns() > 0) {
+      return null;
+    }
+    RowImage image;
+    try {
+      image = RowImage.open(path, spec.keyFields(), spec.valueFields(), cache, true);
+      if (image.rows() != rows || image.hasTombstones()) {
+        image.close();
+        throw RowImageException.corrupt(path, image.rows() + " records where the snapshot holds " + rows + " rows");
+      }
+    } catch (IOException | RuntimeException e) {
+      LOG.warn("spark_state: cannot use the row image {} ({}); loading the version's rows instead", path,
+          e.toString());
+      return null;
+    } finally {
+      if (temporary) {
+        try {
+          Files.deleteIfExists(path);
+        } catch (IOException e) {
+          LOG.warn("spark_state: cannot delete the downloaded row image {}: {}", path, e.toString());
+        }
+      }
+    }
+    LayeredMap map = new LayeredMap(spec.keyFields(), spec.valueFields(), expectedChanges, spec.order(), this,
+        spec.onDamage());
+    map.setBase(image, rows);
+    return new Restore(map);
+  }
+}

@@ -1,0 +1,63 @@
+package io.sparkstate.shim.engine;
+
+import java.util.Iterator;
+
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
+import org.apache.spark.sql.execution.streaming.state.UnsafeRowPair;
+
+/**
+ * The rows of one version of a partition's state in this JVM: the one interface Spark's side reads and
+ * writes through ({@link Engine} makes them). Two today: {@link LayeredMap} (rows in the heap over
+ * sorted runs on local disk) and {@link PrefixScanMap} (stores that scan by key prefix).
+ *
+ * <p>{@code put} copies what it keeps: callers pass Spark's rows, whose buffers Spark reuses, and
+ * rows a decoder reuses. A write answers what the key was before it, which is all a change log needs
+ * (whether to record a delete, whether the batch names a key twice): never the old value, so a write
+ * reads no block a filter can rule out.
+ *
+ * <p>Iterators tolerate puts and removes while they run (Spark removes keys as it iterates: watermark
+ * eviction, session merging): each key live at the start and not removed meanwhile is returned exactly
+ * once, a value replaced before it is reached is returned new, keys added meanwhile may or may not be.
+ */
+public interface StateMap {
+  /** A write's answer: the key was absent. */
+  int ABSENT = 0;
+  /** A write's answer: the key was there, last changed before this batch. */
+  int HELD = 1;
+  /** A write's answer: the key was changed already in this batch (put or removed). */
+  int CHANGED = 2;
+
+  /** Number of keys. */
+  long size();
+
+  /** Estimated heap bytes the rows take (Spark's memory metric). */
+  long bytes();
+
+  /** The key's value, or null. */
+  UnsafeRow get(UnsafeRow key);
+
+  /** Sets the key's value (copying both rows); answers {@link #ABSENT}, {@link #HELD} or {@link #CHANGED}. */
+  int put(UnsafeRow key, UnsafeRow value);
+
+  /** Removes a key; answers {@link #ABSENT} (nothing removed), {@link #HELD} or {@link #CHANGED}. */
+  int remove(UnsafeRow key);
+
+  /** Every row once. */
+  Iterator<UnsafeRowPair> iterator();
+
+  /** The rows whose key starts with {@code prefixKey} (stores created with a prefix-scan key encoder). */
+  Iterator<UnsafeRowPair> prefixScan(UnsafeRow prefixKey);
+
+  /** What the store holds where, and what it did (metrics). */
+  default LocalStats stats() {
+    return LocalStats.NONE;
+  }
+
+  /** The batch that changed these rows ended (committed, or a new store opened on them). */
+  default void endBatch() {
+  }
+
+  /** Releases what the rows hold outside the heap (open files); the map is not used again. */
+  default void close() {
+  }
+}

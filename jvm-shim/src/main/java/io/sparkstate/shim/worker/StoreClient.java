@@ -1,0 +1,264 @@
+package io.sparkstate.shim.worker;
+
+import io.sparkstate.shim.codec.ArrowCodec;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.JsonNodeFactory;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+
+import java.io.IOException;
+import java.io.InputStream;
+import java.nio.file.Path;
+import java.nio.file.Paths;
+import java.util.Map;
+import java.util.Optional;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.atomic.LongAdder;
+
+import org.apache.spark.sql.execution.streaming.state.StateStoreId;
+
+/**
+ * The worker's operations on one store as typed calls, one method per {@code op_*} of the Python
+ * {@code Dispatcher} the shim uses (spark_state/worker/server.py; docs/protocol.md, "Requests"):
+ * every request's op and field names are written here and nowhere else ({@code hello} opens a
+ * {@link WorkerConnection}; the shim sends no {@code latest} or {@code shutdown}). Connections,
+ * retries and worker restarts are the {@link WorkerClient}'s. Thread-safe.
+ */
+public final class StoreClient {
+  static final String OP_VALIDATE = "validate";
+  static final String OP_LOAD = "load";
+  static final String OP_STAGE = "stage";
+  static final String OP_COMMIT = "commit";
+  static final String OP_ABORT = "abort";
+  static final String OP_MAINTENANCE = "maintenance";
+  static final String OP_CHANGES = "changes";
+  static final String OP_REPLAY = "replay";
+
+  private static final JsonNodeFactory NODES = JsonNodeFactory.instance;
+  /** Option sets the worker validated in this JVM (validate once per distinct set), with the memory limit it answered. */
+  private static final Map<Options, Optional<Long>> VALIDATED = new ConcurrentHashMap<>();
+
+  /**
+   * Reads a {@code load} reply's state stream while the connection is held; runs again on a retry.
+   * {@code image}: the row image the rows apply to (then they are changes, deletes as null values), or null.
+   */
+  public interface Loader<T> {
+    T read(long rows, String commitId, Image image, InputStream state) throws IOException;
+  }
+
+  /** The row image a lazy {@code load} names: the version's snapshot as a local file of UnsafeRows. */
+  public static final class Image {
+    public final Path path;
+    public final long rows;
+    public final long size;
+    /** A copy the worker downloaded for this load: the shim deletes it once open. */
+    public final boolean temporary;
+    /** The snapshot's file format: typed (2) or opaque (1), as {@code load} of its rows would report. */
+    public final boolean typed;
+
+    Image(JsonNode node) {
+      this.path = Paths.get(node.path("path").asText());
+      this.rows = node.path("rows").asLong(0);
+      this.size = node.path("size").asLong(-1);
+      this.temporary = node.path("temporary").asBoolean(false);
+      this.typed = node.path("fileFormat").asInt(2) != 1;
+    }
+  }
+
+  /** The worker's maintenance status of a store: consecutive failed runs and the last error (null: none). */
+  public static final class Maintenance {
+    public final long failures;
+    public final String error;
+
+    Maintenance(JsonNode reply) {
+      this.failures = reply.path("maintenanceFailures").asLong(0);
+      this.error = failures > 0 ? reply.path("maintenanceError").asText(null) : null;
+    }
+  }
+
+  /** A {@code commit} reply: bytes written to storage, the new version's commit id, maintenance status. */
+  public static final class Committed {
+    public final long bytes;
+    public final String commitId;
+    public final Maintenance maintenance;
+
+    Committed(JsonNode reply) {
+      this.bytes = reply.path("bytes").asLong(0);
+      this.commitId = reply.path("commitId").asText(null);
+      this.maintenance = new Maintenance(reply);
+    }
+  }
+
+  private final WorkerClient worker;
+  private final Options options;
+  private final ObjectNode optionsNode;
+  private final LongAdder restarts = new LongAdder();
+  /** The store's identity as requests send it; replaced whole (never mutated), so requests need no lock. */
+  private volatile ObjectNode store;
+
+  public StoreClient(WorkerClient worker, StateStoreId id, Options options) {
+    this.worker = worker;
+    this.options = options;
+    this.optionsNode = optionsNode(options);
+    ObjectNode store = NODES.objectNode();
+    store.put("sparkRoot", id.checkpointRootLocation());
+    store.put("location", id.storeCheckpointLocation().toUri().toString());
+    store.put("operator", id.operatorId());
+    store.put("partition", id.partitionId());
+    store.put("name", id.storeName());
+    this.store = store;
+  }
+
+  /**
+   * {@code validate}: the worker checks an option set (once per distinct set in this JVM) and answers
+   * the memory limit it sets (bytes, or null for the default), which the caller gives the executor's budget.
+   */
+  public static Long validate(WorkerClient worker, Options options) {
+    Optional<Long> limit = VALIDATED.get(options);
+    if (limit == null) {
+      ObjectNode h = NODES.objectNode();
+      h.put("op", OP_VALIDATE);
+      h.set("options", optionsNode(options));
+      JsonNode reply = worker.call(h, null, null, options, null);
+      JsonNode bytes = reply == null ? null : reply.get("memoryLimit");
+      limit = bytes == null || bytes.isNull() ? Optional.empty() : Optional.of(bytes.asLong());
+      VALIDATED.put(options, limit);
+    }
+    return limit.orElse(null);
+  }
+
+  /** Names the running query in the store's identity (without it the worker reads the checkpoint's metadata). */
+  public void useQueryId(String queryId) {
+    if (queryId != null && !queryId.equals(store.path("queryId").asText(null))) {
+      ObjectNode node = store.deepCopy();
+      node.put("queryId", queryId);
+      store = node;
+    }
+  }
+
+  /** Worker restarts this store's requests made. */
+  public long restarts() {
+    return restarts.sum();
+  }
+
+  /**
+   * {@code load}: the rows of {@code version}, read by {@code loader}; or null when {@code knownCommitId}
+   * is what storage still holds for it (the caller's copy is current). {@code images}: the caller looks keys
+   * up in row images, so the worker may name the snapshot's image and send only the changes after it.
+   */
+  public <T> T load(long version, String knownCommitId, boolean images, Loader<T> loader) {
+    ObjectNode h = request(OP_LOAD);
+    h.put("version", version);
+    if (knownCommitId != null) {
+      h.put("commitId", knownCommitId);
+    }
+    if (images) {
+      h.put("images", true);
+    }
+    return send(h, null, (reply, body) -> reply.path("unchanged").asBoolean(false) ? null
+        : loader.read(reply.path("rows").asLong(0), reply.path("commitId").asText(null),
+            reply.hasNonNull("image") ? new Image(reply.get("image")) : null, body));
+  }
+
+  /**
+   * {@code stage}: chunk {@code seq} (from 0) of {@code version}'s changes, streamed as {@code stream}
+   * while the batch runs; the worker writes it into the data file the commit will name.
+   */
+  public void stage(long version, String stream, int seq, ArrowCodec.Body chunk) {
+    ObjectNode h = request(OP_STAGE);
+    h.put("version", version);
+    h.put("stream", stream);
+    h.put("seq", seq);
+    send(h, chunk, null);
+  }
+
+  /**
+   * {@code commit}: makes {@code version} durable, built on {@code baseCommitId} (storage's commit of
+   * version-1, null for version 1; the worker refuses a stale one). {@code whole}: the body is the
+   * whole state, not changes; {@code repeatedKeys}: the changes may name a key more than once;
+   * {@code stream} (null: none): the changes begin with the {@code chunks} chunks staged as it, and the
+   * body is the rest ({@link WorkerConnection.StreamLost} when the worker does not hold them).
+   */
+  public Committed commit(long version, String baseCommitId, int minVersionsToRetain, boolean whole, boolean repeatedKeys,
+      String stream, int chunks, ArrowCodec.Body body) {
+    ObjectNode h = request(OP_COMMIT);
+    if (whole) {
+      h.put("full", true);
+    }
+    if (repeatedKeys) {
+      h.put("repeatedKeys", true);
+    }
+    if (stream != null) {
+      h.put("stream", stream);
+      h.put("chunks", chunks);
+    }
+    h.put("version", version);
+    h.put("baseCommitId", baseCommitId);
+    h.put("minVersionsToRetain", minVersionsToRetain);
+    return new Committed(send(h, body, null));
+  }
+
+  /**
+   * {@code abort}: the worker drops what it may hold of an uncommitted {@code version}: the chunks
+   * streamed as {@code stream} (null: none) and files no manifest names.
+   */
+  public void abort(long version, String stream) {
+    ObjectNode h = request(OP_ABORT);
+    h.put("version", version);
+    if (stream != null) {
+      h.put("stream", stream);
+    }
+    send(h, null, null);
+  }
+
+  /** {@code maintenance}: queues compaction and retention around {@code version} (the one this JVM holds). */
+  public Maintenance maintenance(long version, int minVersionsToRetain) {
+    ObjectNode h = request(OP_MAINTENANCE);
+    h.put("minVersionsToRetain", minVersionsToRetain);
+    h.put("version", version);
+    return new Maintenance(send(h, null, null));
+  }
+
+  /**
+   * {@code changes}: the changes {@code version}'s commit recorded (deletes as null values), read by
+   * {@code loader}; with {@code through >= version} the worker first checks that every version up to
+   * {@code through} has its changes recorded.
+   */
+  public <T> T changes(long version, long through, Loader<T> loader) {
+    ObjectNode h = request(OP_CHANGES);
+    h.put("version", version);
+    if (through >= version) {
+      h.put("through", through);
+    }
+    return send(h, null, (reply, body) -> loader.read(reply.path("rows").asLong(0), null, null, body));
+  }
+
+  /** {@code replay}: the state at {@code version} rebuilt from {@code snapshotVersion}, read by {@code loader}. */
+  public <T> T replay(long snapshotVersion, long version, Loader<T> loader) {
+    ObjectNode h = request(OP_REPLAY);
+    h.put("snapshotVersion", snapshotVersion);
+    h.put("version", version);
+    return send(h, null, (reply, body) -> loader.read(reply.path("rows").asLong(0),
+        reply.path("commitId").asText(null), null, body));
+  }
+
+  private ObjectNode request(String op) {
+    ObjectNode h = NODES.objectNode();
+    h.put("op", op);
+    h.set("store", store);
+    h.set("options", optionsNode);
+    return h;
+  }
+
+  private <T> T send(ObjectNode header, ArrowCodec.Body body, WorkerConnection.BodyReader<T> reader) {
+    return worker.call(header, body, reader, options, restarts);
+  }
+
+  private static ObjectNode optionsNode(Options options) {
+    ObjectNode o = NODES.objectNode();
+    for (Map.Entry<String, String> e : options.asMap().entrySet()) {
+      o.put(e.getKey(), e.getValue());
+    }
+    return o;
+  }
+}
