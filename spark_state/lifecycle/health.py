@@ -54,7 +54,7 @@ def store_health(sid: StoreId, root: str, root_of: Callable[[StoreId], str], lis
     versions = sorted(v for p in files if (v := _manifest_version(p)) is not None)
     health = StoreHealth(sid, root, files, versions)
     chain = _Chain(sid, root, root_of, listing)
-    for v, why in zip(versions, _read_all(lambda v: chain.why_broken(v), versions)):
+    for v, why in zip(versions, _each_at_once(chain.why_broken, versions)):
         if why is not None:
             health.broken[v] = why
     return health
@@ -67,7 +67,7 @@ def _manifest_version(rel: str) -> int | None:
     return int(head[4:])
 
 
-def _read_all(check: Callable[[int], str | None], versions: list[int]) -> list[str | None]:
+def _each_at_once(check: Callable[[int], str | None], versions: list[int]) -> list[str | None]:
     """`check` of every version, a few at once: each reads a manifest, a round trip on an object store."""
     with ThreadPoolExecutor(READERS) as pool:
         return list(pool.map(check, versions))
