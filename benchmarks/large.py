@@ -155,7 +155,9 @@ def _session(provider: str, heap: str, extra: dict[str, str]):
          .config("spark.ui.showConsoleProgress", "false")
          .config("spark.driver.memory", heap)
          .config("spark.driver.extraJavaOptions",
-                 f"-Dlog4j2.configurationFile={HERE / 'jvm' / 'log4j2.properties'} -XX:+ExitOnOutOfMemoryError"))
+                 f"-Dlog4j2.configurationFile={HERE / 'jvm' / 'log4j2.properties'} -XX:+ExitOnOutOfMemoryError"
+                 + (f" -XX:StartFlightRecording=filename={os.environ['LARGE_JFR']},settings=profile"
+                    if os.environ.get("LARGE_JFR") else "")))
     if provider == "spark_state_fs":
         import spark_state
         b = spark_state.configure(b)
@@ -227,14 +229,19 @@ def run_phase(provider: str, phase: str, keys: int, workdir: Path, data: Path, h
                 batches.append({
                     "batch": p.batchId, "rows": p.numInputRows,
                     "trigger_ms": p.durationMs.get("triggerExecution", 0),
+                    "add_batch_ms": p.durationMs.get("addBatch", 0),
+                    "state_updates_ms": sum(o.allUpdatesTimeMs for o in ops),
+                    "state_commit_ms": sum(o.commitTimeMs for o in ops),
                     "state_rows": sum(o.numRowsTotal for o in ops),
                     "memory_used_bytes": sum(o.memoryUsedBytes for o in ops),
                     "custom": {k: v for o in ops for k, v in (o.customMetrics or {}).items()},
                 })
+            gc_ms = sum(b.getCollectionTime() for b in
+                        spark._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans())
         finally:
             spark.stop()
     result = {"provider": provider, "phase": phase, "keys": keys, "heap": heap, "wall_s": wall,
-              "batches": batches, "peak_rss_bytes": sampler.peak, **checked}
+              "batches": batches, "peak_rss_bytes": sampler.peak, "gc_ms": gc_ms, **checked}
     return result
 
 

@@ -46,6 +46,8 @@ UNCHECKED = object()
 class CommitResult:
     bytes_written: int   # data file + manifest
     commit_id: str = ""
+    #: the version's chain is due for compaction (``Compactor.due``): the worker queues it in the background
+    compaction_due: bool = False
 
 
 class Committer:
@@ -88,11 +90,12 @@ class Committer:
 
     def commit(self, version: int, changes: pa.Table, base_commit_id=UNCHECKED,
                min_versions_to_retain: int | None = None, *, full: bool = False,
-               repeated_keys: bool = False, staged: StagedCommit | None = None) -> CommitResult:
+               repeated_keys: bool = False, staged: StagedCommit | None = None,
+               keys: int | None = None) -> CommitResult:
         """See VersionedStore.commit. A `staged` file is consumed: a commit that fails drops it."""
         try:
             return self._commit(version, changes, base_commit_id, min_versions_to_retain, full, repeated_keys,
-                                staged)
+                                staged, keys)
         except BaseException:
             if staged is not None:
                 try:
@@ -102,10 +105,13 @@ class Committer:
             raise
 
     def _commit(self, version: int, changes: pa.Table, base_commit_id, min_versions_to_retain: int | None,
-                full: bool, repeated_keys: bool, staged: StagedCommit | None) -> CommitResult:
+                full: bool, repeated_keys: bool, staged: StagedCommit | None, keys: int | None) -> CommitResult:
         ctx = self.ctx
         if version < 1:
             raise ProtocolError(f"cannot commit version {version} of {ctx.name}: versions start at 1.")
+        if keys is not None and (isinstance(keys, bool) or not isinstance(keys, int) or keys < 0):
+            raise ProtocolError(f"the key count of version {version} of {ctx.name} must be an integer >= 0, "
+                                f"got {keys!r}")
         check_max_parallelism(ctx.settings.max_parallelism)
         changes = self.valid_changes(changes, repeated_keys and staged is None)
         if staged is not None:
@@ -154,7 +160,7 @@ class Committer:
                 fault("commit-after-data")
                 manifest = Manifest(version, ctx.settings.max_parallelism,
                                     chain + (FileEntry.written(path, kind, version, encoded),),
-                                    rows=encoded.rows if kind == SNAPSHOT else None, query_id=ctx.query_id)
+                                    rows=self._keys(version, kind, encoded.rows, keys), query_id=ctx.query_id)
                 body = manifest.to_json()
                 self._check_deadline(version, started)
                 manifest_sent = True
@@ -168,7 +174,18 @@ class Committer:
                 raise
             fault("commit-after-manifest")
             log.debug("committed %s version %d: %d rows, %d bytes", ctx.name, version, encoded.rows, encoded.size)
-            return CommitResult(encoded.size + len(body), manifest.commit_id)
+            return CommitResult(encoded.size + len(body), manifest.commit_id, self.compactor.due(manifest))
+
+    def _keys(self, version: int, kind: str, file_rows: int, keys: int | None) -> int | None:
+        """The keys of the new version: a snapshot's rows (checked against the count the shim sent, if any),
+        else the shim's count (None: unknown)."""
+        if kind != SNAPSHOT:
+            return keys
+        if keys is not None and keys != file_rows:
+            raise ProtocolError(f"the commit of version {version} of {self.ctx.name} counts {keys} keys, but the "
+                                f"state it sent holds {file_rows}: the shim's key count is wrong (a bug; nothing "
+                                f"was committed).")
+        return file_rows
 
     def _check_base(self, base: Manifest, base_commit_id) -> None:
         name, query_id = self.ctx.name, self.ctx.query_id

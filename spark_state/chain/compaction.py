@@ -16,7 +16,9 @@ loading every row on a restore. A chain is compacted when it is long
 row image (``rowImages.minRows``), when it has none yet (a store's first
 snapshot, written by a commit, which never spends time on an image) or when its
 deltas hold half as many rows as it (a restore loads every delta row). A chain
-that is nothing but such a snapshot only gets the image.
+that is nothing but such a snapshot only gets the image. The worker asks after
+every commit (``CommitResult.compaction_due``) and queues a due chain's
+compaction on its background thread at once; Spark's maintenance asks again.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ class Compactor:
         except VersionNotFound:
             return
         manifest = view.manifest
-        if view.record is not None or not self._due(manifest):
+        if view.record is not None or not self.due(manifest):
             return
         self.reader.check_parallelism(manifest)
         chain = self.rebased(manifest.files, version, None)   # read less when this process compacted before
@@ -139,8 +141,9 @@ class Compactor:
         finally:
             locks.unpin(f.path for f in chain)
 
-    def _due(self, manifest: Manifest) -> bool:
-        """Whether `manifest`'s chain is worth compacting now (see the module docstring)."""
+    def due(self, manifest: Manifest) -> bool:
+        """Whether `manifest`'s chain is worth compacting now (see the module docstring); no I/O, so a commit
+        asks it of the manifest it wrote and the worker queues the compaction at once."""
         files = manifest.files
         # A rescaled chain (slices of other stores' files) is compacted at once: the new partition gets its
         # own snapshot and, once its older versions age out, other stores' files stop being referenced.

@@ -62,6 +62,17 @@ class VersionView:
         """The files that make up the version: the compacted snapshot when there is one, else the manifest's."""
         return (self.record.snapshot,) if self.record is not None else self.manifest.files
 
+    @property
+    def keys(self) -> int | None:
+        """The keys of the state at this version when known without reading it: the manifest's count (a
+        snapshot's rows, or what the shim counted), else the rows of a chain that is one whole snapshot."""
+        if self.manifest.rows is not None:
+            return self.manifest.rows
+        chain = self.chain
+        if len(chain) == 1 and chain[0].kind == SNAPSHOT and not chain[0].is_slice:
+            return chain[0].rows
+        return None
+
 
 @dataclass(frozen=True)
 class ImageFile:
@@ -81,12 +92,14 @@ class Loaded:
     With ``image`` (a lazy load, ``load_lazy``), the rows are not all here: ``image`` is the row image of the
     chain's snapshot and ``table`` only the changes after it (each key's last write, deletes as null values;
     None when there are none); ``file_format`` says whether the chain holds typed or opaque rows.
+    ``keys``: how many keys the version holds, when known without counting them (``VersionView.keys``).
     """
 
     table: pa.Table | None
     commit_id: str | None
     image: ImageFile | None = None
     file_format: int | None = None
+    keys: int | None = None
 
 
 class ChainReader:
@@ -146,7 +159,7 @@ class ChainReader:
                      ordered: bool = True) -> Loaded:
         """`version` with its commit id, read fresh from storage; no rows when it is still `known_commit_id`."""
         if version == 0:
-            return Loaded(empty_table(), None)
+            return Loaded(empty_table(), None, keys=0)
         if version < 0:
             raise self.ctx.storage.version_not_found(version)
         locks = self.ctx.locks
@@ -154,7 +167,7 @@ class ChainReader:
             view = self.view(version)
             manifest = view.manifest
             if known_commit_id is not None and manifest.commit_id == known_commit_id:
-                return Loaded(None, manifest.commit_id)
+                return Loaded(None, manifest.commit_id, keys=view.keys)
             chain = view.chain
             locks.pin(f.path for f in chain)
         try:
@@ -166,8 +179,14 @@ class ChainReader:
                 self._raise_if_dropped(version)
                 raise
             if len(tables) == 1 and chain[0].kind == SNAPSHOT:
-                return Loaded(in_key_group_order(tables[0]) if ordered else tables[0], manifest.commit_id)
-            return Loaded(merge_chain(tables, ordered=ordered), manifest.commit_id)
+                table = in_key_group_order(tables[0]) if ordered else tables[0]
+            else:
+                table = merge_chain(tables, ordered=ordered)
+            if key_groups is None and view.keys is not None and view.keys != table.num_rows:
+                log.warning("%s version %d holds %d keys, its manifest says %d (the count a shim sent with the "
+                            "commit was wrong); the rows read are the truth", self.ctx.name, version,
+                            table.num_rows, view.keys)
+            return Loaded(table, manifest.commit_id, keys=table.num_rows)
         finally:
             locks.unpin(f.path for f in chain)
 
@@ -183,7 +202,7 @@ class ChainReader:
         with locks.lock:
             view = self.view(version)
             if known_commit_id is not None and view.manifest.commit_id == known_commit_id:
-                return Loaded(None, known_commit_id)
+                return Loaded(None, known_commit_id, keys=view.keys)
             chain = view.chain
             base = chain[0] if chain else None
             lazy = base is not None and base.image is not None and base.kind == SNAPSHOT and not base.is_slice
@@ -202,7 +221,7 @@ class ChainReader:
             except StorageError:
                 self._raise_if_dropped(version)
                 raise
-            return Loaded(changes, view.manifest.commit_id, image, base.file_format)
+            return Loaded(changes, view.manifest.commit_id, image, base.file_format, view.keys)
         finally:
             locks.unpin(f.path for f in chain[1:])
             locks.unpin(base.paths)

@@ -114,7 +114,8 @@ class VersionedStore:
 
     def commit(self, version: int, changes: pa.Table, base_commit_id=UNCHECKED,
                min_versions_to_retain: int | None = None, *, full: bool = False,
-               repeated_keys: bool = False, staged: StagedCommit | None = None) -> CommitResult:
+               repeated_keys: bool = False, staged: StagedCommit | None = None,
+               keys: int | None = None) -> CommitResult:
         """Makes `version` = version-1 + changes durable; replaces an existing `version` (a retried batch).
 
         ``base_commit_id`` is the identity of version-1 the caller built its
@@ -124,9 +125,11 @@ class VersionedStore:
         changes are the whole state (a shim switching file formats).
         ``repeated_keys``: a key may appear more than once; its last row wins.
         ``staged``: the changes streamed before (``stage``); `changes` are the rest.
+        ``keys``: how many keys the state at `version` holds, when the caller counted them (the manifest
+        records it; a snapshot's count must match its rows).
         """
         return self.committer.commit(version, changes, base_commit_id, min_versions_to_retain, full=full,
-                                     repeated_keys=repeated_keys, staged=staged)
+                                     repeated_keys=repeated_keys, staged=staged, keys=keys)
 
     def stage(self, version: int) -> StagedCommit:
         """A commit of `version` whose changes come in chunks while its batch runs (``StagedCommit.append``),
@@ -162,6 +165,27 @@ class VersionedStore:
     def latest_version(self) -> int | None:
         return self.reader.latest_version()
 
+    def compact(self, version: int | None = None) -> None:
+        """Compaction alone, around `version` (a commit left its chain due): under maintenance's rules, one
+        run per store at a time (a concurrent call returns at once), a failure counted and logged as
+        maintenance's are."""
+        lock = self.ctx.locks.maintenance
+        if not lock.acquire(blocking=False):
+            return
+        self._maintenance_started = time.monotonic()
+        try:
+            self.compactor.compact(version)
+        except Exception as err:  # noqa: BLE001 - counted, reported with every commit, retried by maintenance
+            self._failed([err])
+        finally:
+            lock.release()
+
+    def _failed(self, errors: list[Exception]) -> None:
+        self.maintenance_failures += 1
+        self.maintenance_error = "; ".join(f"{type(e).__name__}: {e}" for e in errors)
+        log.warning("maintenance of %s failed (%d in a row): %s", self.name, self.maintenance_failures,
+                    self.maintenance_error)
+
     def maintenance(self, min_versions_to_retain: int, version: int | None = None) -> None:
         """Compaction, then retention, around `version` (the version the caller holds; default the newest).
 
@@ -187,10 +211,7 @@ class VersionedStore:
             except Exception as err:  # noqa: BLE001
                 errors.append(err)
             if errors:
-                self.maintenance_failures += 1
-                self.maintenance_error = "; ".join(f"{type(e).__name__}: {e}" for e in errors)
-                log.warning("maintenance of %s failed (%d in a row): %s", self.name, self.maintenance_failures,
-                            self.maintenance_error)
+                self._failed(errors)
             else:
                 self.maintenance_failures, self.maintenance_error = 0, None
         finally:

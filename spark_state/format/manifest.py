@@ -12,6 +12,16 @@ manifest fails with ``ChecksumMismatch`` instead of restoring wrong state.
 Each record is written in the lowest ``ManifestFormat`` that describes it,
 so older readers read what they can and refuse the rest:
 
+``rows`` (any format) is the number of keys in the state at this version
+when it is known, else null. A snapshot-only chain always knew it (its
+file's rows); since issue 35 a delta version records the count the JVM
+sends with its commit (it counts every version's keys exactly), so a
+restart answers Spark's ``numRowsTotal`` without a pass over the state. No
+format is bumped for it: the field and its meaning are the ones every
+release wrote and read, and older readers treat it as they always did (a
+figure they report, e.g. in a savepoint's metadata, never a fact a load
+relies on). Readers must treat null as "unknown", never as zero.
+
 Format 5 gives a snapshot entry its *row image* (``image``: the same rows as
 Spark's UnsafeRow records, lookup-ready, see ``spark_state.format.rowimage``),
 which the JVM looks keys up in instead of loading every row. The image is
@@ -152,7 +162,7 @@ class Manifest:
     version: int
     max_parallelism: int
     files: tuple[FileEntry, ...]
-    rows: int | None            # rows of the state at this version; None when the chain has deltas
+    rows: int | None            # keys of the state at this version; None when unknown (module docstring)
     #: identity of this version's content: a re-commit gets a new one; a shim checks it before building on it
     commit_id: str = field(default_factory=lambda: secrets.token_hex(8))
     #: Spark's query id (``<checkpointLocation>/metadata``): the timeline this version belongs to

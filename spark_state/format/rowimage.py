@@ -9,7 +9,7 @@ one block decompression and a scan of ~100 records. The worker writes one beside
 (derived from it, so the two cannot disagree); the JVM writes them as spill runs. All integers
 little-endian::
 
-    [block 0] ... [block B-1] [index: B entries of 40 bytes] [trailer: 40 bytes]
+    [block 0] ... [block B-1] [index: B entries of 40 bytes] [filter words] [filter header] [trailer: 40 bytes]
 
 record     i32 kg (key group, pmod(hash, maxParallelism)), i32 hash (Spark's Murmur3 of the key),
            i32 keyLength, i32 valueLength (-1: a tombstone, the key is deleted, no value bytes),
@@ -22,19 +22,27 @@ block      records packed while the block's raw size stays <= blockBytes (defaul
            or raw (codec 0); blocks follow each other from byte 0 with no gaps.
 index      per block: u64 firstSortKey, u64 lastSortKey, u64 offset, u32 storedLength,
            u32 rawLength, u32 crc32 (zlib's CRC-32 of the stored bytes), u32 records.
+filter     (format version 2, flag ``FILTER``) W u64 words of a Bloom filter over the records' hashes
+           (``spark_state.format.keyfilter``: W = max(1, ceil(10 * records / 64)), k = 7), then a
+           16-byte header: u32 W, u32 k (1..30), u32 crc32 of the words, u32 reserved (0).
 trailer    u64 indexOffset, u64 records, u32 blockCount, u32 indexCrc32, u32 codec, u32 flags
-           (bit 0: the file holds tombstones; snapshot images never do), then the magic ``SPKSTRI``
-           and the format version byte (1).
+           (bit 0 ``TOMBSTONES``: the file holds tombstones, snapshot images never do; bit 1 ``FILTER``:
+           the filter is there), then the magic ``SPKSTRI`` and the format version byte (2; 1 has
+           no filter and no flag but bit 0). This writer always writes version 2 with a filter.
 
 A reader checks the magic and version (a newer version is a FormatVersionError: upgrade spark_state),
-that trailer, index and blocks add up to the file's size, the index's CRC before using it, and each
-block's CRC before decompressing it (when verifying); anything else is a ChecksumMismatch naming the
-file and the block. The whole file's CRC-32 and size go into the manifest entry that names it.
+that trailer, index, filter and blocks add up to the file's size, the index's and the filter's CRCs
+before using them, and each block's CRC before decompressing it (when verifying); anything else is a
+ChecksumMismatch naming the file and the block. The filter header's k has no CRC of its own (a k
+raised by a flipped bit would make the filter deny keys it holds), so a reader also asks the filter for
+the hashes of every block's first and last record, which the index names: a filter that denies one is
+damaged. The whole file's CRC-32 and size go into the manifest entry that names it.
 
-Lookup of a key (kg, hash h, key bytes k): s = kg * 2**32 + (h & 0xFFFFFFFF); binary-search the first
-block whose lastSortKey >= s; scan blocks from there while firstSortKey <= s, in each the records while
-their sort key <= s, comparing keyLength and key bytes of those whose sort key == s. Found with
-valueLength >= 0: the value; with -1: deleted; not found: absent from this file.
+Lookup of a key (kg, hash h, key bytes k): when the filter says h is not there, absent; else
+s = kg * 2**32 + (h & 0xFFFFFFFF); binary-search the first block whose lastSortKey >= s; scan blocks
+from there while firstSortKey <= s, in each the records while their sort key <= s, comparing keyLength
+and key bytes of those whose sort key == s. Found with valueLength >= 0: the value; with -1: deleted;
+not found: absent from this file.
 
 Writing is vectorised: keys and values are encoded straight into each chunk of blocks
 (``spark_state.format.unsaferow``), compressed block by block; only the block cuts walk block by block
@@ -57,12 +65,16 @@ import zstandard
 from spark_state.errors import ChecksumMismatch, FormatVersionError
 from spark_state.format import tables, unsaferow
 from spark_state.format.datafile import crc32_hex
+from spark_state.format.keyfilter import MAX_K, KeyFilter
 
 MAGIC = b"SPKSTRI"
-VERSION = 1
+#: The format version this code writes, and the newest it reads (1: no key filter).
+VERSION = 2
 RAW, ZSTD = 0, 1
-#: Trailer flag: the file holds tombstones (records with valueLength -1).
+#: Trailer flags: the file holds tombstones (records with valueLength -1); the key filter is there (version 2).
 TOMBSTONES = 1
+FILTER = 2
+_FLAGS = {1: TOMBSTONES, 2: TOMBSTONES | FILTER}   # the flags each version knows
 BLOCK_BYTES = 16 * 1024
 HEADER_BYTES = 16
 INDEX_ENTRY = np.dtype([("first", "<u8"), ("last", "<u8"), ("offset", "<u8"), ("stored", "<u4"),
@@ -70,6 +82,8 @@ INDEX_ENTRY = np.dtype([("first", "<u8"), ("last", "<u8"), ("offset", "<u8"), ("
 _TRAILER = struct.Struct("<QQIIII7sB")
 TRAILER_BYTES = _TRAILER.size
 _HEADER = struct.Struct("<iiii")
+_FILTER_HEADER = struct.Struct("<IIII")   # W, k, crc32 of the words, reserved
+FILTER_HEADER_BYTES = _FILTER_HEADER.size
 #: Raw bytes of records encoded at once (whole blocks): bounds the encoder's memory whatever the file size.
 CHUNK_BYTES = 8 * 1024 * 1024
 
@@ -97,6 +111,7 @@ class EncodedImage:
     checksum: str
     blocks: int
     tombstones: bool
+    filter_words: int = 0
 
     @property
     def size(self) -> int:
@@ -123,10 +138,14 @@ def encode(table: pa.Table, *, block_bytes: int = BLOCK_BYTES, level: int = 1, c
             offset += len(stored)
             pieces.append(stored)
     index_bytes = index.tobytes()
-    flags = 0 if layout.live.all() else TOMBSTONES
+    key_filter = KeyFilter.of(layout.sk & np.uint64(0xFFFFFFFF))
+    filter_bytes = key_filter.to_bytes()
+    filter_header = _FILTER_HEADER.pack(len(key_filter.words), key_filter.k, zlib.crc32(filter_bytes), 0)
+    tombstones = not layout.live.all()
+    flags = FILTER | (TOMBSTONES if tombstones else 0)
     trailer = _TRAILER.pack(offset, layout.n, len(index), zlib.crc32(index_bytes), codec, flags, MAGIC, VERSION)
-    data = b"".join([*pieces, index_bytes, trailer])
-    return EncodedImage(data, layout.n, crc32_hex(data), len(index), bool(flags))
+    data = b"".join([*pieces, index_bytes, filter_bytes, filter_header, trailer])
+    return EncodedImage(data, layout.n, crc32_hex(data), len(index), tombstones, len(key_filter.words))
 
 
 class _Layout:
@@ -308,18 +327,55 @@ class RowImage:
         if version > VERSION:
             raise FormatVersionError(f"row image {name} has format version {version}, newer than the {VERSION} "
                                      f"this spark_state reads; upgrade spark_state on the executors.")
-        if version < 1 or self.codec not in (RAW, ZSTD) or flags & ~TOMBSTONES:
+        if version < 1 or self.codec not in (RAW, ZSTD) or flags & ~_FLAGS[version]:
             raise _corrupt(name, f"has format version {version}, codec {self.codec} and flags {flags:#x}, "
                                  f"which no writer made")
+        self.version = version
         self.tombstones = bool(flags & TOMBSTONES)
-        if index_offset + blocks * INDEX_ENTRY.itemsize + TRAILER_BYTES != size:
+        index_end = index_offset + blocks * INDEX_ENTRY.itemsize
+        filter_words, k, filter_crc = self._filter_header(size) if flags & FILTER else (0, 0, 0)
+        filter_end = index_end + (8 * filter_words + FILTER_HEADER_BYTES if flags & FILTER else 0)
+        if filter_end + TRAILER_BYTES != size:
             raise _corrupt(name, f"has {size} bytes, but its trailer puts {blocks} index entries at byte "
-                                 f"{index_offset}")
-        (index_bytes,) = self._read([(index_offset, size - TRAILER_BYTES)])
+                                 f"{index_offset}" + (f", followed by a filter of {filter_words} words"
+                                                      if flags & FILTER else ""))
+        (index_bytes,) = self._read([(index_offset, index_end)])
         if zlib.crc32(index_bytes) != index_crc:
             raise _corrupt(name, "has a block index whose CRC-32 does not match its trailer")
         self.index = np.frombuffer(bytes(index_bytes), dtype=INDEX_ENTRY)
         self._check_index(index_offset)
+        #: the key filter (None: a version-1 file, or one written without it: every key is looked up)
+        self.filter = None if not flags & FILTER else self._filter(index_end, filter_words, k, filter_crc)
+
+    def _filter_header(self, size: int) -> tuple[int, int, int]:
+        """(W, k, crc) of the filter header right before the trailer, their ranges checked."""
+        if size < TRAILER_BYTES + FILTER_HEADER_BYTES:
+            raise _corrupt(self.name, f"has {size} bytes, too few for its trailer and filter header")
+        (header,) = self._read([(size - TRAILER_BYTES - FILTER_HEADER_BYTES, size - TRAILER_BYTES)])
+        words, k, crc, reserved = _FILTER_HEADER.unpack(header)
+        if words < 1 or not 1 <= k <= MAX_K or reserved != 0:
+            raise _corrupt(self.name, f"has a key filter header of {words} words, {k} bits per key and reserved "
+                                      f"{reserved:#x}, which no writer made")
+        return words, k, crc
+
+    def _filter(self, start: int, words: int, k: int, crc: int) -> KeyFilter:
+        """The key filter, its CRC checked, and checked to hold the hashes the index names (see the module
+        docstring): a damaged filter is never trusted to say a key is absent."""
+        (data,) = self._read([(start, start + 8 * words)])
+        if zlib.crc32(data) != crc:
+            raise _corrupt(self.name, "has a key filter whose CRC-32 does not match its header")
+        key_filter = KeyFilter(np.frombuffer(bytes(data), dtype="<u8"), k)
+        named = np.concatenate([self.index["first"], self.index["last"]]) & np.uint64(0xFFFFFFFF)
+        if not key_filter.might_contain(named).all():
+            raise _corrupt(self.name, "has a key filter that denies a hash its block index names")
+        return key_filter
+
+    def might_contain(self, hashes):
+        """Whether a key of each hash (int32, as Spark's) may be in the file: the filter's answer, True for
+        every hash without one. Vectorised; a scalar for a scalar."""
+        if self.filter is not None:
+            return self.filter.might_contain(hashes)
+        return True if np.ndim(hashes) == 0 else np.ones(np.shape(hashes), dtype=bool)
 
     def _read(self, ranges):
         chunks = self._fetch(ranges)
@@ -395,6 +451,8 @@ class RowImage:
 
     def lookup(self, kg: int, h: int, key: bytes):
         """The value bytes of a key, ``DELETED`` for a tombstone, None when the file does not hold it."""
+        if not self.might_contain(h):
+            return None
         s = sort_key(kg, h)
         key = bytes(key)
         b = int(np.searchsorted(self.index["last"], np.uint64(s), side="left"))

@@ -1,8 +1,11 @@
 """The worker's request handling: one thread per shim connection, one dispatcher for all.
 
 Commits and loads run on the connection's thread (they are on Spark's critical
-path); compaction and retention are queued to one background thread, so heavy
-work never sits inside a commit.
+path); compaction and retention are queued to one background thread
+(``spark_state.worker.background``), so heavy work never sits inside a commit.
+A commit that leaves its chain due for compaction queues it at once rather
+than waiting for Spark's next maintenance call (every 60 s): a query stopped
+right after a large batch restarts from a compacted chain with its row image.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import socketserver
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
 import pyarrow as pa
@@ -22,6 +24,7 @@ import pyarrow as pa
 import spark_state
 from spark_state.errors import ProtocolError, SparkStateError
 from spark_state.options import Settings
+from spark_state.worker.background import BackgroundWork
 from spark_state.worker.streams import StreamRegistry
 from spark_state.worker.protocol import (
     HELLO_MAX_HEADER, PROTOCOL_VERSION, IpcBody, ipc_to_table, read_frame, write_frame,
@@ -30,8 +33,6 @@ from spark_state.worker.protocol import (
 log = logging.getLogger("spark_state.worker")
 
 _RELEASE_AFTER_BYTES = 16 * 1024 * 1024
-#: A maintenance run longer than this is logged (with its store): the worker has one maintenance thread.
-_SLOW_MAINTENANCE_S = 10.0
 
 
 @lru_cache(maxsize=256)
@@ -87,6 +88,16 @@ def _optional_int(header: dict, name: str) -> int | None:
     return None if header.get(name) is None else _int_field(header, name)
 
 
+def _optional_count(header: dict, name: str) -> int | None:
+    """A count field: absent or null (unknown), else a JSON integer >= 0 (no string, float or boolean)."""
+    value = header.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ProtocolError(f"request {header.get('op')!r}: {name!r} must be an integer >= 0 or absent, got {value!r}")
+    return value
+
+
 def _maintenance_status(store) -> dict:
     """What a shim reports as a metric and a warning: consecutive failed maintenance runs and the last error."""
     return {"maintenanceFailures": store.maintenance_failures, "maintenanceError": store.maintenance_error}
@@ -99,9 +110,7 @@ class Dispatcher:
         self._secret = secret.encode()
         #: where row images of remote storage are copied for the JVM (the worker's private directory)
         self.cache_dir = cache_dir or os.path.join(tempfile.gettempdir(), f"spark-state-images-{os.getpid()}")
-        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark-state-maintenance")
-        self._pending: set[tuple] = set()
-        self._pending_lock = threading.Lock()
+        self.background = BackgroundWork()
         self.streams = StreamRegistry()
 
     def authenticate(self, header: dict) -> bool:
@@ -163,7 +172,10 @@ class Dispatcher:
                 raise ProtocolError("a commit of the whole state (full) cannot complete streamed changes (stream)")
             staged = self.streams.take(_stream_field(header), _int_field(header, "chunks"), store, version)
         result = store.commit(version, changes, base_commit_id=base, min_versions_to_retain=keep, full=full,
-                              repeated_keys=bool(header.get("repeatedKeys")), staged=staged)
+                              repeated_keys=bool(header.get("repeatedKeys")), staged=staged,
+                              keys=_optional_count(header, "keys"))
+        if result.compaction_due:   # at once, in the background; a waiting compaction takes the newer version
+            self.background.submit(("compaction", store), store.compact, version, max)
         # "files": what a commit writes, a data file and a manifest (a field of protocol 1, kept for the shim)
         return {"ok": True, "bytes": result.bytes_written, "files": 2, "commitId": result.commit_id,
                 "ms": round((time.perf_counter() - started) * 1000, 3), **_maintenance_status(store)}, b""
@@ -173,7 +185,8 @@ class Dispatcher:
         serialised onto the socket as it drains (IpcBody), so the JVM decodes while the worker writes.
 
         ``images: true`` (a shim that looks keys up in row images): when the version's chain has one, the reply
-        names the image file and the rows are only the changes after it, deletes kept (``image``)."""
+        names the image file and the rows are only the changes after it, deletes kept (``image``). ``keys``: the
+        version's exact key count when known without walking the state (absent otherwise)."""
         version = _int_field(header, "version")
         known = header.get("commitId")
         known = str(known) if known else None
@@ -182,10 +195,11 @@ class Dispatcher:
             loaded = store.load_lazy(version, known, cache_dir=self.cache_dir)
         else:
             loaded = store.load_checked(version, known, ordered=False)
+        keys = {} if loaded.keys is None else {"keys": loaded.keys}
         if loaded.table is None and loaded.image is None:
-            return {"ok": True, "unchanged": True, "commitId": loaded.commit_id}, b""
+            return {"ok": True, "unchanged": True, "commitId": loaded.commit_id, **keys}, b""
         reply = {"ok": True, "rows": 0 if loaded.table is None else loaded.table.num_rows,
-                 "commitId": loaded.commit_id}
+                 "commitId": loaded.commit_id, **keys}
         if loaded.image is not None:
             image = loaded.image
             reply["image"] = {"path": image.path, "rows": image.rows, "size": image.size,
@@ -228,32 +242,24 @@ class Dispatcher:
         keep = _int_field(header, "minVersionsToRetain")
         version = _optional_int(header, "version")
         store = self._store(header)
-        key = id(store)
-        with self._pending_lock:
-            if key in self._pending:  # one queued run per store is enough
-                return {"ok": True, "queued": False, **_maintenance_status(store)}, b""
-            self._pending.add(key)
-        self._background.submit(self._maintain, store, keep, version, key)
-        return {"ok": True, "queued": True, **_maintenance_status(store)}, b""
+        # one waiting run per store is enough: it takes the newest request's arguments
+        queued = self.background.submit(("maintenance", store), lambda args: store.maintenance(*args), (keep, version))
+        return {"ok": True, "queued": queued, **_maintenance_status(store)}, b""
 
-    def _maintain(self, store, keep, version, key):
-        with self._pending_lock:
-            self._pending.discard(key)
-        started = time.monotonic()
-        try:
-            store.maintenance(keep, version)
-        except Exception:  # background work must not take the worker down
-            log.exception("maintenance of %s failed; it will be retried on the next request", store)
-        took = time.monotonic() - started
-        if took > _SLOW_MAINTENANCE_S:   # one thread serves every store: a slow run delays the others' retention
-            log.info("maintenance of %s took %.1fs", store.name, took)
+    def op_drain(self, header, body):
+        """Waits until the background work queued so far is done (the executor is shutting down), at most
+        ``timeoutMs``; answers how many jobs are still queued or running."""
+        timeout_ms = _int_field(header, "timeoutMs")
+        if timeout_ms < 0:
+            raise ProtocolError(f"request 'drain' needs 'timeoutMs' >= 0, got {timeout_ms}")
+        return {"ok": True, "pending": self.background.drain(timeout_ms / 1000)}, b""
 
     def op_shutdown(self, header, body):
         threading.Thread(target=_exit_soon, daemon=True).start()
         return {"ok": True}, b""
 
     def close(self):
-        self._background.shutdown(wait=True, cancel_futures=True)
+        self.background.close()
 
 
 def _exit_soon():

@@ -125,6 +125,15 @@ public class RowImageProbe {
             out.println(bad == null ? "OK" : "BAD " + bad);
             break;
           }
+          case "positions": {   // positions HASH K BITS: the key filter's bit positions (docs/row-image.md)
+            long[] bits = KeyFilter.positions(Integer.parseInt(a[1]), Integer.parseInt(a[2]), Long.parseLong(a[3]));
+            StringBuilder sb = new StringBuilder("OK");
+            for (long b : bits) {
+              sb.append(' ').append(Long.toUnsignedString(b));
+            }
+            out.println(sb);
+            break;
+          }
           case "filter": {   // how many of N random hashes (absent, all but by chance) pass the key filter
             java.util.Random random = new java.util.Random(Long.parseLong(a[2]));
             int passed = 0;

@@ -427,3 +427,18 @@ def test_the_key_filter_rules_out_almost_every_absent_key(probe):
     passed = probe.ask("filter 10000 12345")
     assert passed.startswith("OK "), passed
     assert int(passed.split()[1]) <= 200, passed
+
+
+def test_the_key_filter_sets_the_bits_the_python_writer_sets(probe):
+    """The JVM's key filter and the worker's (spark_state/format/keyfilter.py) agree bit for bit: the test
+    vectors the Python side wrote (tests/fixtures/rowimage/keyfilter-vectors.json), filters of 64 bits to
+    past 2**32 bits (where the 64-bit products wrap) and up to 30 probes."""
+    import json
+
+    from tests.support.paths import TESTS
+
+    vectors = json.loads((TESTS / "fixtures" / "rowimage" / "keyfilter-vectors.json").read_text())["positions"]
+    assert len(vectors) > 100
+    for v in vectors:
+        answer = probe.ask(f"positions {v['hash']} {v['k']} {v['m']}")
+        assert answer == "OK " + " ".join(str(b) for b in v["bits"]), (v, answer)

@@ -5,8 +5,7 @@ Between the phases of each query every store of the checkpoint is compacted offl
 so every batch of the second phase restores its state lazily: the shim opens the snapshot's row image
 and looks keys up in it, and only the changes after the snapshot are decoded. A tiny ``memoryLimit``
 makes the stores spill their changed rows to local row images at every commit. The output must be
-the HDFS provider's, batch by batch, for every operator the layered map serves (the prefix-scan
-stores of session windows keep their own map).
+the HDFS provider's, batch by batch, for every operator (session windows' prefix scans included).
 """
 
 from __future__ import annotations
@@ -23,9 +22,10 @@ pytestmark = pytest.mark.spark_state_only("row images and spills are spark_state
 
 IMAGES = {"row_images_min_rows": 0}
 RESTORE_EVERY_BATCH = {"spark.sql.streaming.stateStore.unloadOnCommit": "true"}
-#: Operators whose stores are served by the layered map: aggregations, eviction by watermark (full
-#: scans), a join's four stores (puts and removes while it scans), applyInPandasWithState.
-LAYERED = ["agg_update", "window_agg_append", "dedup_watermark", "join_inner", "apply_in_pandas_then_window_agg"]
+#: Every kind of store: aggregations, eviction by watermark (full scans), a join's four stores (puts and
+#: removes while it scans), applyInPandasWithState, session windows (prefix scans).
+LAYERED = ["agg_update", "window_agg_append", "dedup_watermark", "join_inner", "apply_in_pandas_then_window_agg",
+           "session_window"]
 
 
 def compact_with_images(checkpoint: Path, stores: dict) -> int:
@@ -70,10 +70,11 @@ def test_lazy_restores_from_row_images_give_hdfs_output(spark, tmp_path, name):
     assert any(n > 0 for n in image_rows(twin.test)), "no batch looked keys up in a row image"
 
 
-@pytest.mark.parametrize("name", ["agg_update", "join_inner"])
+@pytest.mark.parametrize("name", ["agg_update", "dedup", "dedup_watermark", "join_inner", "session_window",
+                                  "apply_in_pandas_then_window_agg"])
 def test_stores_over_their_memory_limit_spill_and_give_hdfs_output(spark, tmp_path, name):
-    """memoryLimit of 1 KiB: every commit spills the changed rows to a local row image (merged with the
-    one below), so the second phase reads and scans rows that live only in spill images."""
+    """memoryLimit of 1 KiB: every commit spills the changed rows to sorted runs on local disk (merged in the
+    background), so the second phase reads, scans and prefix-scans rows that live only in runs."""
     twin = run_scenario(spark, tmp_path, SCENARIOS[name], tested="spark_state",
                         options={**IMAGES, "memory_limit": "1k"})
     twin.assert_same()

@@ -1,9 +1,12 @@
 """spark_state.format.rowimage: the bytes follow the spec (checked by a parser written from the spec, not
 the module's reader), every key is found and nothing else, blocks are packed greedily within their size,
-and truncated, bit-flipped, mislabelled or newer files fail with clear errors naming the file and block."""
+the key filter (format version 2) never denies a record and sits where the sizes say, and truncated,
+bit-flipped, mislabelled or newer files fail with clear errors naming the file and block. Version-1 files
+(tests/fixtures/golden/rowimage-v1.img, written by the version-1 writer) stay readable."""
 
 from __future__ import annotations
 
+import json
 import struct
 import zlib
 
@@ -16,15 +19,28 @@ from hypothesis import strategies as st
 
 from spark_state.format import datafile, tables
 from spark_state.errors import ChecksumMismatch, FormatVersionError
-from spark_state.format import rowimage, unsaferow
+from spark_state.format import keyfilter, rowimage, unsaferow
+from tests.fixtures import make_keyfilter_vectors, make_rowimage_v1
+from tests.fixtures.make_keyfilter_vectors import spec_bits, spec_filter
 
 
 def spec_parse(data: bytes) -> tuple[dict, list[dict], list[list[tuple]]]:
-    """Trailer, index and every block's records, read as the spec describes them."""
+    """Trailer, index, filter and every block's records, read as the spec describes them."""
     (index_offset, records, blocks, index_crc, codec, flags) = struct.unpack_from("<QQIIII", data, len(data) - 40)
-    assert data[-8:] == b"SPKSTRI\x01"
-    index = data[index_offset:len(data) - 40]
-    assert len(index) == 40 * blocks and zlib.crc32(index) == index_crc
+    assert data[-8:-1] == b"SPKSTRI" and data[-1] in (1, 2)
+    version = data[-1]
+    index_end = index_offset + 40 * blocks
+    words = None
+    if flags & 2:
+        assert version == 2
+        w, k, filter_crc, reserved = struct.unpack_from("<IIII", data, len(data) - 56)
+        assert reserved == 0 and 1 <= k <= 30 and index_end + 8 * w + 16 + 40 == len(data)
+        assert zlib.crc32(data[index_end:index_end + 8 * w]) == filter_crc
+        words = (w, k, int.from_bytes(data[index_end:index_end + 8 * w], "little"))
+    else:
+        assert index_end + 40 == len(data)
+    index = data[index_offset:index_end]
+    assert zlib.crc32(index) == index_crc
     entries, parsed = [], []
     for b in range(blocks):
         first, last, offset, stored, raw, crc, count = struct.unpack_from("<QQQIIII", index, 40 * b)
@@ -44,7 +60,12 @@ def spec_parse(data: bytes) -> tuple[dict, list[dict], list[list[tuple]]]:
         assert at == raw and len(recs) == count
         parsed.append(recs)
     assert sum(e["records"] for e in entries) == records
-    return dict(records=records, blocks=blocks, codec=codec, flags=flags, index_offset=index_offset), entries, parsed
+    if words is not None:   # every record's bits are set
+        w, k, bits = words
+        for kg, h, _, _ in (r for block in parsed for r in block):
+            assert all(bits >> bit & 1 for bit in spec_bits(h, k, 64 * w))
+    return dict(records=records, blocks=blocks, codec=codec, flags=flags, index_offset=index_offset,
+                version=version, filter=words), entries, parsed
 
 
 def sk(kg: int, h: int) -> int:
@@ -85,8 +106,12 @@ def test_round_trip_and_lookups(rows, block_bytes, codec, monkeypatch):
         assert rowimage.encode(opaque_table(rows), block_bytes=block_bytes, codec=codec, threads=2).data == img.data
     assert img.checksum == datafile.crc32_hex(img.data) and img.size == len(img.data) and img.rows == len(rows)
     trailer, entries, blocks = spec_parse(img.data)
-    assert trailer["codec"] == codec and trailer["flags"] == (1 if any(r[3] is None for r in rows) else 0)
-    assert img.tombstones == bool(trailer["flags"]) and img.blocks == trailer["blocks"]
+    assert trailer["codec"] == codec and trailer["flags"] == 2 | (1 if any(r[3] is None for r in rows) else 0)
+    assert img.tombstones == bool(trailer["flags"] & 1) and img.blocks == trailer["blocks"]
+    # version 2, a filter sized by the writers' rule; the sizes add up (spec_parse checks where it sits)
+    assert trailer["version"] == 2 and trailer["filter"][:2] == (max(1, -(-10 * len(rows) // 64)), 7)
+    assert img.filter_words == trailer["filter"][0]
+    assert img.size == trailer["index_offset"] + 40 * img.blocks + 8 * img.filter_words + 16 + 40
 
     # every row once, in sort-key order; index entries match their blocks; greedy packing within the size
     flat = [r for block in blocks for r in block]
@@ -102,6 +127,7 @@ def test_round_trip_and_lookups(rows, block_bytes, codec, monkeypatch):
 
     image = rowimage.RowImage(img.data, "img")
     assert list(image) == [rowimage.Record(*r) for r in flat]
+    assert image.version == 2 and image.might_contain(np.array([r[1] for r in rows], np.int32)).all()
     for kg, h, key, value in rows:
         found = image.lookup(kg, h, key)
         assert (found is rowimage.DELETED) if value is None else (found == value)
@@ -112,11 +138,12 @@ def test_round_trip_and_lookups(rows, block_bytes, codec, monkeypatch):
                 assert image.lookup(*probe) is None
 
 
-def test_empty_file_is_its_trailer():
+def test_an_empty_file_is_its_filter_of_one_word_and_its_trailer():
     img = rowimage.encode(opaque_table([]))
-    assert img.size == 40 and img.blocks == 0 and img.rows == 0
+    assert img.size == 8 + 16 + 40 and img.blocks == 0 and img.rows == 0 and img.filter_words == 1
+    assert img.data[:8] == bytes(8)
     image = rowimage.RowImage(img.data, "empty")
-    assert list(image) == [] and image.lookup(0, 0, b"") is None
+    assert list(image) == [] and image.lookup(0, 0, b"") is None and not image.might_contain(0)
     assert image.to_table().num_rows == 0
 
 
@@ -167,18 +194,25 @@ def test_lookup_reads_the_index_and_one_block_by_byte_range():
 
     image = rowimage.RowImage(fetch, "remote", size=img.size)
     opened = sum(b - a for a, b in read)
-    assert opened == 40 + 40 * img.blocks
+    assert opened == 40 + 16 + 40 * img.blocks + 8 * img.filter_words
     assert image.lookup(7, 1007, struct.pack("<q", 1007)) == bytes(64)
     assert sum(b - a for a, b in read) - opened <= max(image.index["stored"])
+    # absent keys the filter denies read no block
+    before = len(read)
+    absent = [h for h in range(10_000, 12_000) if not image.might_contain(h)]
+    assert len(absent) > 1900
+    assert all(image.lookup(h % 50, h, struct.pack("<q", h)) is None for h in absent) and len(read) == before
     with pytest.raises(ValueError, match="needs its size"):
         rowimage.RowImage(fetch, "remote")
 
 
 # ------------------------------------------------------------------ corruption
 
+SMALL_ROWS = [(i % 3, i * 7919, struct.pack("<q", i), bytes([i]) * 8 if i % 4 else None) for i in range(12)]
+
+
 def small_image(codec: int = 0) -> bytes:
-    rows = [(i % 3, i * 7919, struct.pack("<q", i), bytes([i]) * 8 if i % 4 else None) for i in range(12)]
-    return rowimage.encode(opaque_table(rows), block_bytes=128, codec=codec).data
+    return rowimage.encode(opaque_table(SMALL_ROWS), block_bytes=128, codec=codec).data
 
 
 def read_all(data, name="state/x.img"):
@@ -188,16 +222,25 @@ def read_all(data, name="state/x.img"):
 
 def test_every_single_bit_flip_is_caught():
     """A flipped bit anywhere fails with an error naming the file (the block for block bytes), except the
-    trailer's tombstone flag, which only the manifest's whole-file CRC covers (as for every file)."""
+    trailer's tombstone flag, which only the manifest's whole-file CRC covers (as for every file), and the
+    filter header's k, which no CRC covers: a k flipped lower only adds false positives (every lookup still
+    finds its key), a k flipped higher is caught by the hashes the index names (or is out of range)."""
     for codec in (0, 1):
         data = small_image(codec)
         trailer, entries, _ = spec_parse(data)
         flags_bit0 = (len(data) - 40 + 28) * 8
+        k_bits = range((len(data) - 56 + 4) * 8, (len(data) - 56 + 8) * 8)
         for bit in range(len(data) * 8):
             flipped = bytearray(data)
             flipped[bit // 8] ^= 1 << (bit % 8)
             if bit == flags_bit0:
                 assert datafile.crc32_hex(bytes(flipped)) != datafile.crc32_hex(data)
+                continue
+            if bit in k_bits and bit - k_bits[0] < 3:   # 7 -> 6, 5 or 3
+                image = rowimage.RowImage(bytes(flipped), "state/x.img")
+                assert image.filter.k < 7
+                for kg, h, key, value in SMALL_ROWS:
+                    assert image.lookup(kg, h, key) == (rowimage.DELETED if value is None else value)
                 continue
             with pytest.raises((ChecksumMismatch, FormatVersionError)) as err:
                 read_all(bytes(flipped))
@@ -224,8 +267,38 @@ def test_bad_magic_and_newer_version():
         read_all(data[:-8] + b"SPKSTRX\x01")
     with pytest.raises(ChecksumMismatch, match="magic"):
         read_all(datafile.encode(tables.empty_table()).data)   # a snapshot is not a row image
-    with pytest.raises(FormatVersionError, match="version 2.*upgrade spark_state"):
-        read_all(data[:-1] + b"\x02")
+    with pytest.raises(FormatVersionError, match="version 3.*upgrade spark_state"):
+        read_all(data[:-1] + b"\x03")
+    with pytest.raises(ChecksumMismatch, match="version 1, codec 0 and flags 0x3, which no writer made"):
+        read_all(data[:-1] + b"\x01")   # version 1 has no filter
+
+
+def test_a_damaged_filter_is_a_checksum_mismatch():
+    """Every word bit is covered by the filter's CRC; W by the sizes; reserved must be 0; a k raised past
+    the records' bits (without a bit flip's luck) by the hashes the index names."""
+    data = small_image(1)
+    trailer, entries, _ = spec_parse(data)
+    w = trailer["filter"][0]
+    words_at = trailer["index_offset"] + 40 * trailer["blocks"]
+    header_at = len(data) - 56
+    for bit in range(words_at * 8, (words_at + 8 * w) * 8):
+        flipped = bytearray(data)
+        flipped[bit // 8] ^= 1 << (bit % 8)
+        with pytest.raises(ChecksumMismatch, match="state/x.img has a key filter whose CRC-32 does not match"):
+            read_all(bytes(flipped))
+    for at, value, match in [(0, w + 1, "index entries"), (0, 0, "filter header of 0 words"),
+                             (4, 0, "0 bits per key"), (4, 31, "31 bits per key"), (12, 1, "reserved 0x1"),
+                             (4, 30, "denies a hash its block index names")]:
+        damaged = bytearray(data)
+        struct.pack_into("<I", damaged, header_at + at, value)
+        with pytest.raises(ChecksumMismatch, match=match):
+            read_all(bytes(damaged))
+    # a filter whose words are zero but whose CRC matches (a writer bug, not bit rot): it denies its own keys
+    damaged = bytearray(data)
+    damaged[words_at:words_at + 8 * w] = bytes(8 * w)
+    struct.pack_into("<I", damaged, header_at + 8, zlib.crc32(bytes(8 * w)))
+    with pytest.raises(ChecksumMismatch, match="denies a hash its block index names"):
+        read_all(bytes(damaged))
 
 
 def test_a_block_with_a_valid_crc_but_wrong_records_is_refused():
@@ -237,7 +310,7 @@ def test_a_block_with_a_valid_crc_but_wrong_records_is_refused():
     block = bytes(data[:entries[0]["stored"]])
     index_at = trailer["index_offset"]
     struct.pack_into("<I", data, index_at + 32, zlib.crc32(block))
-    struct.pack_into("<I", data, len(data) - 40 + 20, zlib.crc32(bytes(data[index_at:len(data) - 40])))
+    struct.pack_into("<I", data, len(data) - 40 + 20, zlib.crc32(bytes(data[index_at:index_at + 40 * len(entries)])))
     with pytest.raises(ChecksumMismatch, match="block 0 with a record at byte 0"):
         read_all(bytes(data))
 
@@ -254,3 +327,87 @@ def test_bad_input_is_refused():
     with pytest.raises(TypeError, match="tags"):
         rowimage.encode(pa.table({"kg": pa.array([0], pa.int32()), "hash": pa.array([0], pa.int32()),
                                   "key": pa.array([{"tags": ["a"]}]), "value": pa.array([{"x": 1}])}))
+
+
+# ------------------------------------------------------------------ the key filter (format version 2)
+
+int32s = st.integers(-2 ** 31, 2 ** 31 - 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(h=int32s, k=st.integers(1, 30),
+       m=st.sampled_from([64, 128, 640, 10048, 1 << 20, 1 << 32, (1 << 32) + 64, 64 * (2 ** 32 - 1)])
+       | st.integers(1, 2 ** 26).map(lambda w: 64 * w))
+def test_filter_bits_follow_the_spec(h, k, m):
+    """keyfilter's vectorised uint64 arithmetic gives the spec's bits (Python integers), wrapping included;
+    unsigned and signed forms of a hash are one hash."""
+    assert keyfilter.positions(np.array([h], np.int32), k, m)[0].tolist() == spec_bits(h, k, m)
+    assert keyfilter.positions(h & 0xFFFFFFFF, k, m)[0].tolist() == spec_bits(h, k, m)
+
+
+def test_the_test_vectors_are_the_spec_and_this_implementation_agrees():
+    """tests/fixtures/rowimage/keyfilter-vectors.json (what the JVM's tests check too) is what the spec gives,
+    and keyfilter computes every number in it: positions, whole filters' words and CRCs, probe answers."""
+    path = make_keyfilter_vectors.OUT
+    assert path.read_text() == make_keyfilter_vectors.dump(make_keyfilter_vectors.vectors())
+    vectors = json.loads(path.read_text())
+    for v in vectors["positions"]:
+        assert keyfilter.positions(np.int32(v["hash"]), v["k"], v["m"])[0].tolist() == v["bits"]
+    for f in vectors["filters"]:
+        built = keyfilter.KeyFilter.of(np.array(f["hashes"], np.int32))
+        assert (len(built.words), built.k) == (f["W"], f["k"]) == (keyfilter.words_for(f["records"]), 7)
+        assert [f"{int(w):016x}" for w in built.words] == f["words"]
+        assert zlib.crc32(built.to_bytes()) == f["crc32"]
+        probes = np.array([p["hash"] for p in f["probes"]], np.int32)
+        assert built.might_contain(probes).tolist() == [p["mayContain"] for p in f["probes"]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(hashes=st.lists(int32s | st.sampled_from([0, -1, 7]), max_size=3000), parts=st.integers(1, 5),
+       extra=st.integers(0, 500))
+def test_a_filter_never_denies_a_hash_it_holds(hashes, parts, extra):
+    """No false negative, whatever the hashes (repeats included) and however many records the filter is
+    sized for; built in parts it is the same filter; its words are the spec's."""
+    records = len(hashes) + extra
+    whole = keyfilter.KeyFilter.of(np.array(hashes, np.int32), records)
+    assert whole.might_contain(np.array(hashes, np.int32)).all()
+    assert all(whole.might_contain(h) for h in hashes[:20])
+    builder = keyfilter.FilterBuilder(records)
+    for part in np.array_split(np.array(hashes, np.int32), parts):
+        builder.add(part)
+    assert np.array_equal(builder.finish().words, whole.words)
+    if not extra:   # sized for exactly its hashes: the spec's words
+        w, bits = spec_filter(hashes)
+        assert len(whole.words) == w and int.from_bytes(whole.to_bytes(), "little") == bits
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), n=st.integers(1000, 50_000))
+def test_absent_hashes_pass_the_filter_in_about_one_percent_of_cases(seed, n):
+    """10 bits per key, 7 bits per hash: 0.82% in theory (measured over 300 filters: mean 0.819%, standard
+    deviation 0.03%); never above 1% over 100,000 absent hashes."""
+    rng = np.random.default_rng(seed)
+    held = rng.integers(-2 ** 31, 2 ** 31, n).astype(np.int32)
+    probes = rng.integers(-2 ** 31, 2 ** 31, 100_000).astype(np.int32)
+    probes = probes[~np.isin(probes, held)]
+    assert keyfilter.KeyFilter.of(held).might_contain(probes).mean() <= 0.01
+
+
+def test_a_version_1_image_still_reads():
+    """The version-1 writer's file (no filter, tombstones): every record is read and found, absent keys are
+    absent, and nothing claims a filter."""
+    from tests.unit.test_golden_layout import _typed_rows
+
+    data = (make_rowimage_v1.OUT).read_bytes()
+    assert data[-1] == 1
+    image = rowimage.RowImage(data, "v1-typed.img")
+    assert image.version == 1 and image.filter is None and image.tombstones and image.rows == 300
+    assert image.might_contain(np.arange(-5, 5, dtype=np.int32)).all()
+    # the same rows, written now: version 2, the same records in the same blocks
+    now = rowimage.RowImage(rowimage.encode(_typed_rows(), block_bytes=make_rowimage_v1.BLOCK_BYTES).data, "now")
+    assert now.version == 2 and list(image) == list(now)
+    assert np.array_equal(image.index, now.index)
+    for record in image:
+        expected = rowimage.DELETED if record.value is None else record.value
+        assert image.lookup(record.kg, record.hash, record.key) == expected
+        assert image.lookup(record.kg, record.hash, record.key + bytes(8)) is None

@@ -118,7 +118,7 @@ def test_commit_ids_guard_against_stale_views(worker, tmp_path):
                        table_to_ipc(_changes([(b"a", b"1")])))
     assert first["ok"] and first["commitId"] and first["maintenanceFailures"] == 0
     same, body = conn.request({"op": "load", "version": 1, "commitId": first["commitId"], **base})
-    assert same == {"ok": True, "unchanged": True, "commitId": first["commitId"]} and body == b""
+    assert same == {"ok": True, "unchanged": True, "commitId": first["commitId"], "keys": 1} and body == b""
     retried, _ = conn.request({"op": "commit", "version": 1, "baseCommitId": None, **base},
                          table_to_ipc(_changes([(b"a", b"2")])))
     stale, _ = conn.request({"op": "commit", "version": 2, "baseCommitId": first["commitId"], **base},
@@ -197,3 +197,33 @@ def test_changes_and_replay_through_the_socket(worker, tmp_path):
     loaded = ipc_to_table(body)
     assert resp["ok"] and resp["commitId"]
     assert sorted(zip(loaded["key"].to_pylist(), loaded["value"].to_pylist())) == [(b"bb", b"2"), (b"ccc", b"3")]
+
+
+
+def test_key_counts_through_the_socket(worker, tmp_path):
+    """A commit's ``keys`` is recorded and a load answers it; a lazy load (a row image and the changes after
+    it) answers it only when known; a count that is not one is a ProtocolError and commits nothing."""
+    conn = worker.connect()
+    base = {"store": _store(tmp_path), "options": {"storage": "filesystem", "rowImages.minRows": "0",
+                                                    "snapshotInterval": "100"}}
+    resp, _ = conn.request({"op": "commit", "version": 1, **base},
+                           table_to_ipc(_typed_changes([(k, k) for k in range(10)])))
+    assert resp["ok"], resp
+    resp, _ = conn.request({"op": "drain", "timeoutMs": 60_000})   # the first snapshot's image, queued by the commit
+    assert resp == {"ok": True, "pending": 0}, resp
+    resp, _ = conn.request({"op": "commit", "version": 2, "keys": 9, **base},
+                           table_to_ipc(_typed_changes([(0, None), (1, 100)])))
+    assert resp["ok"], resp
+    resp, _ = conn.request({"op": "commit", "version": 3, **base}, table_to_ipc(_typed_changes([(2, None)])))
+    assert resp["ok"], resp
+    for version, keys in [(1, 10), (2, 9), (3, None)]:
+        lazy, _ = conn.request({"op": "load", "version": version, "images": True, **base})
+        assert lazy["ok"] and "image" in lazy and lazy.get("keys") == keys, lazy
+        whole, body = conn.request({"op": "load", "version": version, **base})
+        assert whole["keys"] == whole["rows"] == ipc_to_table(body).num_rows == 10 - (version > 1) - (version > 2)
+    for bad in (-1, "9", True, 1.5):
+        resp, _ = conn.request({"op": "commit", "version": 4, "keys": bad, **base},
+                               table_to_ipc(_typed_changes([(3, 3)])))
+        assert not resp["ok"] and resp["kind"] == "ProtocolError" and "'keys' must be an integer" in resp["error"]
+    resp, _ = conn.request({"op": "latest", **base})
+    assert resp["version"] == 3

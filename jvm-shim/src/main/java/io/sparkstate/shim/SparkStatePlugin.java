@@ -25,6 +25,12 @@ import scala.Tuple2;
  */
 public class SparkStatePlugin implements SparkPlugin {
   private static final Logger LOG = LoggerFactory.getLogger(SparkStatePlugin.class);
+  /**
+   * How long an executor that shuts down waits for its worker's background work: the compactions and row
+   * images of the last batches, which a restart reads instead of decoding rows. What is left then is done
+   * by the next maintenance or restart; nothing is lost either way.
+   */
+  static final long DRAIN_TIMEOUT_MS = Long.getLong("spark_state.drainTimeoutMs", 120_000);
 
   @Override
   public DriverPlugin driverPlugin() {
@@ -34,9 +40,32 @@ public class SparkStatePlugin implements SparkPlugin {
   @Override
   public ExecutorPlugin executorPlugin() {
     return new ExecutorPlugin() {
+      private Options options;
+
+      @Override
+      public void shutdown() {
+        if (options == null) {
+          return;
+        }
+        long t0 = System.nanoTime();
+        try {
+          long left = WorkerClient.get().drain(options, DRAIN_TIMEOUT_MS);
+          long ms = (System.nanoTime() - t0) / 1_000_000L;
+          if (left > 0) {
+            LOG.warn("spark_state: the executor stops with {} background job(s) of its state worker unfinished after "
+                + "{} ms (compactions, row images): the next restart decodes those rows instead", left, ms);
+          } else if (ms > 1000) {
+            LOG.info("spark_state: waited {} ms for the state worker's background work before stopping", ms);
+          }
+        } catch (RuntimeException e) {
+          LOG.warn("spark_state: could not wait for the state worker's background work: {}", e.toString());
+        }
+      }
+
       @Override
       public void init(PluginContext ctx, Map<String, String> extraConf) {
         Options options = options(ctx.conf());
+        this.options = options;
         if (!options.prestartWorker()) {
           return;
         }

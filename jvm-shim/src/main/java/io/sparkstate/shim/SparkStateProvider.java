@@ -311,7 +311,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     }
     long t0 = System.nanoTime();
     String knownId = known == null ? null : known.commitId;
-    boolean lazy = numColsPrefixKey == 0 && !IMAGES_FAILED.contains(stateStoreId.toString());
+    boolean lazy = !IMAGES_FAILED.contains(stateStoreId.toString());
     StateVersion loaded = client.load(version, knownId, lazy, (rows, commitId, image, state) ->
         image == null ? decodeWhole(version, rows, commitId, state) : onImage(version, rows, commitId, image, state));
     if (loaded == IMAGE_UNUSABLE) {
@@ -363,7 +363,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
       if (changes > 0) {
         typed = ArrowCodec.decodeState(state, keySchema, valueSchema, restore::change, true);
       }
-      return new StateVersion(restore.finish(-1), version, commitId, typed);
+      return new StateVersion(restore.finish(image.keys), version, commitId, typed);
     } catch (IOException | RuntimeException e) {
       restore.abandon();
       throw e;
@@ -409,9 +409,10 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
       throw new UncheckedIOException("spark_state: cannot encode the changes of " + this, e);
     }
     int minVersions = storeConf.minVersionsToRetain();
+    long keys = base.rows.knownSize();
     StoreClient.Committed reply = streamed != null
-        ? streamed.commit(base.commitId, minVersions, repeatedKeys, body)
-        : client.commit(newVersion, base.commitId, minVersions, whole, repeatedKeys, null, 0, body);
+        ? streamed.commit(base.commitId, minVersions, repeatedKeys, keys, body)
+        : client.commit(newVersion, base.commitId, minVersions, whole, repeatedKeys, null, 0, keys, body);
     SparkCompat.reportCommitIfValidating(storeConf, newVersion, stateStoreId, hadoopConf);
     noteMaintenance(reply.maintenance);
     synchronized (this) {

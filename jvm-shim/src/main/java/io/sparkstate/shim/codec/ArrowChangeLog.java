@@ -4,6 +4,9 @@ import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.util.Collections;
 
+import io.sparkstate.shim.memory.MemoryBudget;
+import io.sparkstate.shim.memory.Reservation;
+
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 
 /**
@@ -23,6 +26,8 @@ public final class ArrowChangeLog implements ChangeLog {
   private final ChunkSink stream;
   private TypedCodec.Encoder encoder;
   private boolean repeated;
+  /** The encoder's bytes and vectors: the budget's "changes" reservation. */
+  private final Reservation held = MemoryBudget.executor().reserve("changes", this);
 
   /**
    * {@code expected}: a guess of the batch's changes (sizes the first buffer);
@@ -44,8 +49,11 @@ public final class ArrowChangeLog implements ChangeLog {
       }
       encoder.add(key, value);
       repeated |= again;
-      if (stream != null && encoder.betweenBatches() && encoder.encodedBytes() >= ChunkSink.CHUNK_BYTES) {
-        stream.send(encoder.cut((int) Math.min(ChunkSink.CHUNK_BYTES * 2, 1 << 26)));
+      if (encoder.betweenBatches()) {   // a batch was just encoded
+        if (stream != null && encoder.encodedBytes() >= ChunkSink.CHUNK_BYTES) {
+          stream.send(encoder.cut((int) Math.min(ChunkSink.CHUNK_BYTES * 2, 1 << 26)));
+        }
+        held.set(encoder.encodedBytes() + encoder.vectorBytes());
       }
     } catch (IOException e) {
       throw new UncheckedIOException("spark_state: cannot encode a change", e);
@@ -69,6 +77,7 @@ public final class ArrowChangeLog implements ChangeLog {
     }
     ArrowCodec.Body body = encoder.finish();
     encoder = null;
+    held.set(0);
     return body;
   }
 
@@ -78,6 +87,7 @@ public final class ArrowChangeLog implements ChangeLog {
       encoder.close();
       encoder = null;
     }
+    held.set(0);
     if (stream != null) {
       stream.discard();
     }

@@ -8,6 +8,9 @@ import java.util.Arrays;
 import java.util.Iterator;
 import java.util.List;
 
+import io.sparkstate.shim.memory.MemoryBudget;
+import io.sparkstate.shim.memory.Reservation;
+import org.apache.arrow.memory.AllocationListener;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.memory.RootAllocator;
 import org.apache.arrow.vector.IntVector;
@@ -35,7 +38,19 @@ public final class ArrowCodec {
   static final int BATCH_ROWS = Math.max(1, Integer.getInteger("io.sparkstate.batchRows", 16384));
   /** A batch's key and value bytes stay well under the 2 GiB its 32-bit binary offsets can address. */
   static final long BATCH_BYTES = 256L << 20;
-  private static final BufferAllocator ROOT = new RootAllocator(Long.MAX_VALUE);
+  /** Arrow memory of encoding whole versions and of decoding loads: the budget's "arrow" reservation. */
+  private static final Reservation ARROW = MemoryBudget.executor().reserve("arrow", null);
+  private static final BufferAllocator ROOT = new RootAllocator(new AllocationListener() {
+    @Override
+    public void onAllocation(long size) {
+      ARROW.add(size);
+    }
+
+    @Override
+    public void onRelease(long size) {
+      ARROW.add(-size);
+    }
+  }, Long.MAX_VALUE);
 
   static final Schema SCHEMA = new Schema(Arrays.asList(
       Field.nullable("kg", new ArrowType.Int(32, true)),

@@ -117,6 +117,8 @@ public final class TypedCodec {
     private final GenericInternalRow row = new GenericInternalRow(4);
     private int n;
     private long batchBytes;
+    /** Encoded bytes of the last batch written: about what the vectors hold (their buffers are kept). */
+    private long lastBatch;
     private long rows;
     private boolean closed;
 
@@ -193,7 +195,13 @@ public final class TypedCodec {
       return done;
     }
 
+    /** About the Arrow memory the vectors hold (they keep their buffers between batches). */
+    long vectorBytes() {
+      return lastBatch;
+    }
+
     private void flush() throws IOException {
+      long before = bytes.size();
       if (flat) {
         root.setRowCount(n);
         writer.writeBatch();
@@ -205,6 +213,7 @@ public final class TypedCodec {
       }
       n = 0;
       batchBytes = 0;
+      lastBatch = bytes.size() - before;
     }
 
     /** Writes the last batch and the end of the stream, frees the vectors and returns the bytes. */

@@ -60,6 +60,10 @@ public final class Engine {
     return SpillDirectory.newFile();
   }
 
+  private static PrefixIndex prefixIndex(StoreSpec spec) {
+    return spec.prefixColumns() > 0 ? new PrefixIndex(spec.keySchema(), spec.prefixColumns()) : null;
+  }
+
   /** Runs {@code job} on the merge thread. */
   void merge(Runnable job) {
     merger.execute(job);
@@ -89,10 +93,8 @@ public final class Engine {
 
   /** An empty store for about {@code expectedRows} keys. */
   public StateMap newStore(StoreSpec spec, long expectedRows) {
-    if (spec.prefixColumns() > 0) {
-      return new PrefixScanMap(spec.keySchema(), spec.prefixColumns(), expectedRows);
-    }
-    return new LayeredMap(spec.keyFields(), spec.valueFields(), expectedRows, spec.order(), this, spec.onDamage());
+    return new LayeredMap(spec.keyFields(), spec.valueFields(), expectedRows, spec.order(), this, spec.onDamage(),
+        prefixIndex(spec));
   }
 
   /**
@@ -102,9 +104,6 @@ public final class Engine {
    * the truth). A {@code temporary} copy is unlinked once open (it is read through its descriptor).
    */
   public Restore restore(StoreSpec spec, Path path, long rows, boolean temporary, long expectedChanges) {
-    if (spec.prefixColumns() > 0) {
-      return null;
-    }
     RowImage image;
     try {
       image = RowImage.open(path, spec.keyFields(), spec.valueFields(), cache, true);
@@ -126,7 +125,7 @@ public final class Engine {
       }
     }
     LayeredMap map = new LayeredMap(spec.keyFields(), spec.valueFields(), expectedChanges, spec.order(), this,
-        spec.onDamage());
+        spec.onDamage(), prefixIndex(spec));
     map.setBase(image, rows);
     return new Restore(map);
   }

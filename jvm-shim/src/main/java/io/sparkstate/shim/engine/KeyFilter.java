@@ -60,8 +60,8 @@ final class KeyFilter {
     return true;
   }
 
-  /** The filter's bit positions of a hash, in probe order (test vectors shared with the Python writer). */
-  long[] positions(int hash) {
+  /** The bit positions of a hash in a filter of {@code bits} bits and {@code hashes} probes (test vectors). */
+  static long[] positions(int hash, int hashes, long bits) {
     long z = mix(hash);
     long a = z & 0xFFFFFFFFL;
     long b = (z >>> 32) | 1;

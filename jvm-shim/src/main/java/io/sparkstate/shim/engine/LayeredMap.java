@@ -19,8 +19,8 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * The {@link StateMap} of stores without prefix scans, a small log-structured merge tree, so state can be
- * far larger than the heap and a restore need not decode it:
+ * The {@link StateMap} of every store, a small log-structured merge tree, so state can be far larger than
+ * the heap and a restore need not decode it:
  * <ul>
  *   <li>in the heap, a {@link RowArena} of the keys changed since they were last written to disk, and one
  *   of tombstones for keys removed since (records carry the batch that wrote them);
@@ -43,6 +43,10 @@ import org.slf4j.LoggerFactory;
  * the heap while an iterator runs is noted by that iterator, which returns it from the heap when its walk
  * of the runs reaches it. Spills wait until no iterator is open; merges do not (an iterator holds the
  * runs it walks). Every method is synchronized, as the arena's.
+ *
+ * <p>A store that scans by key prefix (session windows) hashes keys by their prefix, so all rows of a
+ * prefix share a sort key: a prefix scan reads the heap's rows of it (a {@link PrefixIndex}) and that
+ * sort key in each run whose filter lets it through.
  */
 final class LayeredMap implements StateMap {
   private static final Logger LOG = LoggerFactory.getLogger(LayeredMap.class);
@@ -59,6 +63,8 @@ final class LayeredMap implements StateMap {
   private final KeyOrder order;
   private final Engine engine;
   private final Consumer<RowImageException> onDamage;
+  /** The heap rows by prefix, for a store that scans by key prefix (else null). */
+  private final PrefixIndex prefixes;
   /** The heap rows' share of the budget. */
   private final Reservation heap;
   private RowArena overlay;
@@ -90,6 +96,13 @@ final class LayeredMap implements StateMap {
    */
   LayeredMap(int keyFields, int valueFields, long expectedRows, KeyOrder order, Engine engine,
       Consumer<RowImageException> onDamage) {
+    this(keyFields, valueFields, expectedRows, order, engine, onDamage, null);
+  }
+
+  /** {@code prefixes}: the index of a store that scans by key prefix, or null. */
+  LayeredMap(int keyFields, int valueFields, long expectedRows, KeyOrder order, Engine engine,
+      Consumer<RowImageException> onDamage, PrefixIndex prefixes) {
+    this.prefixes = prefixes;
     this.onDamage = onDamage;
     this.keyFields = keyFields;
     this.valueFields = valueFields;
@@ -120,13 +133,17 @@ final class LayeredMap implements StateMap {
   synchronized void loadChange(UnsafeRow key, UnsafeRow value) {
     checkOpen();
     if (value == null) {
-      overlay.remove(key);
+      if (overlay.remove(key) != null && prefixes != null) {
+        prefixes.remove(key);
+      }
       if (mayBeBelow(key)) {
         tombstones.put(key, NO_VALUE);
       }
     } else {
       tombstones.remove(key);
-      overlay.put(key, value);
+      if (overlay.put(key, value) == null && prefixes != null) {
+        prefixes.add(key);
+      }
     }
     sizeUnknown = !runs.isEmpty();
     if (runs.isEmpty()) {
@@ -142,6 +159,11 @@ final class LayeredMap implements StateMap {
   }
 
   @Override
+  public synchronized long knownSize() {
+    return sizeUnknown ? -1 : size;
+  }
+
+  @Override
   public synchronized long size() {
     if (sizeUnknown) {
       size = countKeys();
@@ -152,7 +174,7 @@ final class LayeredMap implements StateMap {
 
   @Override
   public synchronized long bytes() {
-    long n = overlay.bytes() + tombstones.bytes();
+    long n = heapBytes();
     for (Run r : runs) {
       n += r.image.heapBytes();
     }
@@ -165,13 +187,16 @@ final class LayeredMap implements StateMap {
     for (Run r : runs) {
       disk += r.records();
     }
-    return new LocalStats(overlay.bytes() + tombstones.bytes(), disk, runs.size(), spills, spilledBytes, merges,
-        mergedBytes);
+    return new LocalStats(heapBytes(), disk, runs.size(), spills, spilledBytes, merges, mergedBytes);
   }
 
-  /** The heap the in-heap rows (and tombstones) take now. */
+  /** The heap the in-heap rows (and tombstones, and the prefix index) take now. */
   synchronized long overlayBytesNow() {
-    return overlay.bytes() + tombstones.bytes();
+    return heapBytes();
+  }
+
+  private long heapBytes() {
+    return overlay.bytes() + tombstones.bytes() + (prefixes == null ? 0 : prefixes.bytes());
   }
 
   synchronized long spills() {
@@ -215,6 +240,9 @@ final class LayeredMap implements StateMap {
       status = overlay.previousEpoch() == epoch() ? CHANGED : HELD;
     } else {
       noteAdded(key);
+      if (prefixes != null) {
+        prefixes.add(key);
+      }
       if (tombstones.size() > 0 && tombstones.remove(key) != null) {
         size++;
         status = tombstones.previousEpoch() == epoch() ? CHANGED : ABSENT;
@@ -242,6 +270,9 @@ final class LayeredMap implements StateMap {
     int status;
     if (overlay.remove(key) != null) {
       status = overlay.previousEpoch() == epoch() ? CHANGED : HELD;
+      if (prefixes != null) {
+        prefixes.remove(key);
+      }
       // a tombstone even when no run holds the key: a put later in the batch must know the key was changed
       // (spills drop the tombstones no run needs, and a batch's end those of a store without runs)
       tombstones.put(key, NO_VALUE);
@@ -269,10 +300,45 @@ final class LayeredMap implements StateMap {
     return scan;
   }
 
+  /**
+   * The rows of one prefix, gathered when called (a few sessions per key; Spark removes and puts rows of
+   * the prefix while it walks them): the heap's, then each run's newest record of every other key.
+   */
   @Override
-  public Iterator<UnsafeRowPair> prefixScan(UnsafeRow prefixKey) {
-    throw new UnsupportedOperationException(
-        "spark_state: prefixScan needs a store created with PrefixKeyScanStateEncoderSpec");
+  public synchronized Iterator<UnsafeRowPair> prefixScan(UnsafeRow prefixKey) {
+    checkOpen();
+    if (prefixes == null) {
+      throw new UnsupportedOperationException(
+          "spark_state: prefixScan needs a store created with PrefixKeyScanStateEncoderSpec");
+    }
+    List<UnsafeRowPair> rows = new ArrayList<>();
+    for (UnsafeRow key : prefixes.keys(prefixKey)) {
+      UnsafeRow v = overlay.get(key);
+      if (v != null) {
+        rows.add(new UnsafeRowPair(key, v));
+      }
+    }
+    if (!runs.isEmpty()) {
+      int hash = order.hash(prefixKey);
+      int keyGroup = order.keyGroup(hash);
+      Set<UnsafeRow> seen = new HashSet<>();
+      try {
+        for (Run r : runs) {
+          r.image.withSortKey(keyGroup, hash, (key, value) -> {
+            if (!prefixes.hasPrefix(key, prefixKey) || !seen.add(key)) {
+              return;   // another prefix of the same hash, or a newer run had the key
+            }
+            if (value != null && overlay.get(key) == null
+                && (tombstones.size() == 0 || tombstones.get(key) == null)) {
+              rows.add(new UnsafeRowPair(key, value));
+            }
+          });
+        }
+      } catch (RowImageException e) {
+        throw damaged(e);
+      }
+    }
+    return rows.iterator();
   }
 
   /**
@@ -400,7 +466,7 @@ final class LayeredMap implements StateMap {
   // ------------------------------------------------------------------ spills
 
   private void maybeSpill() {
-    long mine = overlay.bytes() + tombstones.bytes();
+    long mine = heapBytes();
     heap.set(mine);
     MemoryBudget budget = engine.budget();
     if (!budget.overLimit()) {
@@ -495,12 +561,15 @@ final class LayeredMap implements StateMap {
     List<Run> next = new ArrayList<>(made);
     next.addAll(runs);
     runs = List.copyOf(next);
-    long freed = overlay.bytes() + tombstones.bytes();
+    long freed = heapBytes();
     overlay = new RowArena(keyFields, valueFields, 16);
     tombstones = new RowArena(keyFields, 0, 16);
+    if (prefixes != null) {
+      prefixes.clear();
+    }
     overlay.setEpoch(e);
     tombstones.setEpoch(e);
-    heap.set(overlay.bytes() + tombstones.bytes());
+    heap.set(heapBytes());
     spills++;
     spilledBytes += written;
     engine.spilled(freed, written);

@@ -15,13 +15,17 @@ import org.apache.spark.sql.types.StructType;
 import scala.jdk.javaapi.CollectionConverters;
 
 /**
- * Secondary index prefix key → keys for {@code PrefixKeyScanStateEncoderSpec} stores (session
- * windows), so prefixScan does not scan the whole map. Sets are concurrent: callers remove keys
- * while iterating a prefix. Not thread-safe for concurrent writers (one task per store).
+ * Secondary index prefix key → keys of the rows a prefix-scan store ({@code PrefixKeyScanStateEncoderSpec}:
+ * session windows) holds in the heap, so a prefix scan does not walk them all (the runs below find a
+ * prefix by its hash). Holds its own copies of the keys. Not thread-safe (the store's lock guards it).
  */
 final class PrefixIndex {
   private final UnsafeProjection prefixOf;
+  /** Heap an entry of the index takes beyond its key's bytes: the set's node, the row object and array. */
+  static final long ENTRY_OVERHEAD = 112;
+
   private final ConcurrentHashMap<UnsafeRow, Set<UnsafeRow>> index = new ConcurrentHashMap<>();
+  private long bytes;
 
   PrefixIndex(StructType keySchema, int numColsPrefixKey) {
     StructField[] fields = keySchema.fields();
@@ -32,26 +36,42 @@ final class PrefixIndex {
     this.prefixOf = UnsafeProjection.create(CollectionConverters.asScala(refs).toList());
   }
 
-  /** Adds a key (already copied, owned by the map). */
+  /** Adds a key (copied). */
   void add(UnsafeRow key) {
     UnsafeRow prefix = prefixOf.apply(key);
     Set<UnsafeRow> keys = index.get(prefix);
     if (keys == null) {
       keys = ConcurrentHashMap.newKeySet();
       index.put(prefix.copy(), keys);
+      bytes += ENTRY_OVERHEAD + prefix.getSizeInBytes();
     }
-    keys.add(key);
+    if (keys.add(key.copy())) {
+      bytes += ENTRY_OVERHEAD + key.getSizeInBytes();
+    }
   }
 
   void remove(UnsafeRow key) {
     UnsafeRow prefix = prefixOf.apply(key);
     Set<UnsafeRow> keys = index.get(prefix);
     if (keys != null) {
-      keys.remove(key);
+      if (keys.remove(key)) {
+        bytes -= ENTRY_OVERHEAD + key.getSizeInBytes();
+      }
       if (keys.isEmpty()) {
         index.remove(prefix, keys);
+        bytes -= ENTRY_OVERHEAD + prefix.getSizeInBytes();
       }
     }
+  }
+
+  /** Whether {@code key}'s prefix is {@code prefixKey}. */
+  boolean hasPrefix(UnsafeRow key, UnsafeRow prefixKey) {
+    return prefixOf.apply(key).equals(prefixKey);
+  }
+
+  /** Heap the index takes (about). */
+  long bytes() {
+    return bytes;
   }
 
   Set<UnsafeRow> keys(UnsafeRow prefixKey) {
@@ -61,5 +81,6 @@ final class PrefixIndex {
 
   void clear() {
     index.clear();
+    bytes = 0;
   }
 }

@@ -23,10 +23,13 @@ import org.apache.spark.unsafe.array.ByteArrayMethods;
  */
 final class RowArena {
   /**
-   * Largest page (1 MiB, which bounds record offsets in a page to 17 bits of 8-byte words); the system
-   * property {@code spark_state.arenaPageBytes} makes pages smaller (tests cross many pages with little data).
+   * Largest page: 256 KiB, under half of G1's smallest region (1 MiB, the region size of heaps up to 2 GiB),
+   * so pages are ordinary objects, not "humongous" ones G1 rounds up to whole regions (a 1 MiB page took
+   * two regions: half the heap of the rows wasted). Record offsets in a page are 17 bits of 8-byte words
+   * (at most 1 MiB); the system property {@code spark_state.arenaPageBytes} makes pages smaller (tests
+   * cross many pages with little data).
    */
-  static final int MAX_PAGE_BYTES = Math.max(16, Math.min(1 << 20, Integer.getInteger("spark_state.arenaPageBytes", 1 << 20)));
+  static final int MAX_PAGE_BYTES = Math.max(16, Math.min(1 << 20, Integer.getInteger("spark_state.arenaPageBytes", 256 << 10)));
   private static final int MIN_PAGE_BYTES = Math.min(4096, MAX_PAGE_BYTES);
   private static final int HEADER = 8;
   /**

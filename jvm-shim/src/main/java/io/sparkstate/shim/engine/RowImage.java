@@ -317,6 +317,48 @@ final class RowImage implements Closeable {
     return null;
   }
 
+  /** Receives the records of one sort key ({@link #withSortKey}); value null: a tombstone. */
+  interface RecordSink {
+    void accept(UnsafeRow key, UnsafeRow value);
+  }
+
+  /**
+   * Every record of sort key ({@code keyGroup}, {@code hash}), through the block cache: a prefix-scan
+   * store keeps all keys of one prefix under one hash, so these are that prefix's rows (and, rarely,
+   * another prefix's with the same hash). The filter rules out hashes the file does not hold.
+   */
+  void withSortKey(int keyGroup, int hash, RecordSink sink) {
+    if (filter != null && !filter.mightContain(hash)) {
+      return;
+    }
+    long s = sortKey(keyGroup, hash);
+    for (int b = firstBlockEndingAtOrAfter(s); b < blockCount && firstKey[b] <= s; b++) {
+      BlockCache.Entry block = block(b);
+      byte[] bytes = block.bytes;
+      long at = Platform.BYTE_ARRAY_OFFSET + block.restarts[lastRestartBefore(block.restartKeys, s)];
+      long end = Platform.BYTE_ARRAY_OFFSET + rawLength[b];
+      while (at < end) {
+        long k = sortKey(Platform.getInt(bytes, at), Platform.getInt(bytes, at + 4));
+        if (k > s) {
+          return;
+        }
+        int keyLength = Platform.getInt(bytes, at + 8);
+        int valueLength = Platform.getInt(bytes, at + 12);
+        if (k == s) {
+          UnsafeRow key = new UnsafeRow(keyFields);
+          key.pointTo(bytes, at + RECORD_HEADER, keyLength);
+          UnsafeRow value = null;
+          if (valueLength >= 0) {
+            value = new UnsafeRow(valueFields);
+            value.pointTo(bytes, at + RECORD_HEADER + keyLength, valueLength);
+          }
+          sink.accept(key, value);
+        }
+        at += RECORD_HEADER + keyLength + Math.max(valueLength, 0);
+      }
+    }
+  }
+
   /** Every record in sort order; see {@link Cursor}. Reads blocks in file order and does not fill the cache. */
   Cursor cursor() {
     return new Cursor();

@@ -7,8 +7,8 @@ import org.apache.spark.sql.execution.streaming.state.UnsafeRowPair;
 
 /**
  * The rows of one version of a partition's state in this JVM: the one interface Spark's side reads and
- * writes through ({@link Engine} makes them). Two today: {@link LayeredMap} (rows in the heap over
- * sorted runs on local disk) and {@link PrefixScanMap} (stores that scan by key prefix).
+ * writes through ({@link Engine} makes them): {@link LayeredMap}, rows in the heap over sorted runs on
+ * local disk.
  *
  * <p>{@code put} copies what it keeps: callers pass Spark's rows, whose buffers Spark reuses, and
  * rows a decoder reuses. A write answers what the key was before it, which is all a change log needs
@@ -29,6 +29,11 @@ public interface StateMap {
 
   /** Number of keys. */
   long size();
+
+  /** The number of keys when known without walking the state (a restore that was not told it), else -1. */
+  default long knownSize() {
+    return size();
+  }
 
   /** Estimated heap bytes the rows take (Spark's memory metric). */
   long bytes();

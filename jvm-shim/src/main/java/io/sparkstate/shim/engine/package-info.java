@@ -8,6 +8,7 @@
  *
  * <p>Inside, RocksDB's split: the file format ({@code RowImage}, {@code RowImageWriter}, the
  * {@code BlockCache} they read through) apart from the store built on it ({@code LayeredMap}: the in-heap
- * {@code RowArena}s over images on local disk; {@code PrefixScanMap} for stores scanned by key prefix).
+ * {@code RowArena}s over sorted {@code Run}s on local disk, merged in the background; a {@code PrefixIndex}
+ * for stores scanned by key prefix).
  */
 package io.sparkstate.shim.engine;

@@ -157,20 +157,20 @@ public final class ChangeStream implements ChunkSink {
   }
 
   /**
-   * Commits the version: the chunks sent, then {@code tail}. Sends every chunk again, once, from the spool
+   * Commits the version ({@code keys}: its exact key count, -1 unknown): the chunks sent, then {@code tail}. Sends every chunk again, once, from the spool
    * when the worker does not hold them all (a send failed, or the worker was restarted).
    */
-  public StoreClient.Committed commit(String baseCommitId, int minVersionsToRetain, boolean repeatedKeys,
+  public StoreClient.Committed commit(String baseCommitId, int minVersionsToRetain, boolean repeatedKeys, long keys,
       ArrowCodec.Body tail) {
     sending.join();
     int n = chunks();
     if (n == 0) {
-      return client.commit(version, baseCommitId, minVersionsToRetain, false, repeatedKeys, null, 0, tail);
+      return client.commit(version, baseCommitId, minVersionsToRetain, false, repeatedKeys, null, 0, keys, tail);
     }
     try {
       if (failure == null) {
         try {
-          return client.commit(version, baseCommitId, minVersionsToRetain, false, repeatedKeys, id, n, tail);
+          return client.commit(version, baseCommitId, minVersionsToRetain, false, repeatedKeys, id, n, keys, tail);
         } catch (WorkerConnection.StreamLost e) {
           LOG.warn("spark_state: {}; sending the {} chunks of version {} again", e.getMessage(), n, version);
         }
@@ -184,7 +184,7 @@ public final class ChangeStream implements ChunkSink {
       for (int seq = 0; seq < n; seq++) {
         client.stage(version, id, seq, spooled(seq));
       }
-      return client.commit(version, baseCommitId, minVersionsToRetain, false, repeatedKeys, id, n, tail);
+      return client.commit(version, baseCommitId, minVersionsToRetain, false, repeatedKeys, id, n, keys, tail);
     } catch (RuntimeException e) {
       dropOnWorker();   // a commit that failed before the worker took the stream leaves nothing there
       throw e;

@@ -33,6 +33,7 @@ public final class StoreClient {
   static final String OP_MAINTENANCE = "maintenance";
   static final String OP_CHANGES = "changes";
   static final String OP_REPLAY = "replay";
+  static final String OP_DRAIN = "drain";
 
   private static final JsonNodeFactory NODES = JsonNodeFactory.instance;
   /** Option sets the worker validated in this JVM (validate once per distinct set), with the memory limit it answered. */
@@ -55,8 +56,11 @@ public final class StoreClient {
     public final boolean temporary;
     /** The snapshot's file format: typed (2) or opaque (1), as {@code load} of its rows would report. */
     public final boolean typed;
+    /** The version's exact key count, when the worker knows it (docs/protocol.md, "Key counts"), else -1. */
+    public final long keys;
 
-    Image(JsonNode node) {
+    Image(JsonNode node, JsonNode reply) {
+      this.keys = reply.hasNonNull("keys") ? reply.get("keys").asLong(-1) : -1;
       this.path = Paths.get(node.path("path").asText());
       this.rows = node.path("rows").asLong(0);
       this.size = node.path("size").asLong(-1);
@@ -157,7 +161,7 @@ public final class StoreClient {
     }
     return send(h, null, (reply, body) -> reply.path("unchanged").asBoolean(false) ? null
         : loader.read(reply.path("rows").asLong(0), reply.path("commitId").asText(null),
-            reply.hasNonNull("image") ? new Image(reply.get("image")) : null, body));
+            reply.hasNonNull("image") ? new Image(reply.get("image"), reply) : null, body));
   }
 
   /**
@@ -177,11 +181,15 @@ public final class StoreClient {
    * version-1, null for version 1; the worker refuses a stale one). {@code whole}: the body is the
    * whole state, not changes; {@code repeatedKeys}: the changes may name a key more than once;
    * {@code stream} (null: none): the changes begin with the {@code chunks} chunks staged as it, and the
-   * body is the rest ({@link WorkerConnection.StreamLost} when the worker does not hold them).
+   * body is the rest ({@link WorkerConnection.StreamLost} when the worker does not hold them); {@code keys}:
+   * the new version's exact key count (-1: unknown).
    */
   public Committed commit(long version, String baseCommitId, int minVersionsToRetain, boolean whole, boolean repeatedKeys,
-      String stream, int chunks, ArrowCodec.Body body) {
+      String stream, int chunks, long keys, ArrowCodec.Body body) {
     ObjectNode h = request(OP_COMMIT);
+    if (keys >= 0) {
+      h.put("keys", keys);
+    }
     if (whole) {
       h.put("full", true);
     }
@@ -209,6 +217,18 @@ public final class StoreClient {
       h.put("stream", stream);
     }
     send(h, null, null);
+  }
+
+  /**
+   * {@code drain}: waits until the worker's background work (compactions, row images) is done or
+   * {@code timeoutMs} passed; answers the jobs still queued or running.
+   */
+  public static long drain(WorkerClient worker, Options options, long timeoutMs) {
+    ObjectNode h = NODES.objectNode();
+    h.put("op", OP_DRAIN);
+    h.put("timeoutMs", timeoutMs);
+    JsonNode reply = worker.call(h, null, null, options, null);
+    return reply == null ? 0 : reply.path("pending").asLong(0);
   }
 
   /** {@code maintenance}: queues compaction and retention around {@code version} (the one this JVM holds). */

@@ -82,6 +82,19 @@ public final class WorkerClient {
     LOG.info("spark_state: state worker ready ahead of the first task ({} ms)", (System.nanoTime() - t0) / 1_000_000L);
   }
 
+  /**
+   * Waits, at most {@code timeoutMs}, for the running worker's background work (compactions, row images)
+   * to finish; no worker running: nothing to wait for. Answers the jobs left undone.
+   */
+  public long drain(Options options, long timeoutMs) {
+    synchronized (this) {
+      if (worker == null || shutDown) {
+        return 0;
+      }
+    }
+    return StoreClient.drain(this, options, timeoutMs);
+  }
+
   private WorkerConnection acquire(Options options, LongAdder restarts) {
     WorkerProcess w;
     synchronized (this) {
