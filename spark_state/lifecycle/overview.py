@@ -14,8 +14,8 @@ from spark_state.lifecycle.health import StoreHealth, listings, store_health
 from spark_state.lifecycle.progress import Progress
 from spark_state.lifecycle.savepoint import is_savepoint, read_savepoint
 from spark_state.options import Settings, settings_from
-from spark_state.spark.checkpoint import SparkCheckpoint
-from spark_state.spark.files import PROVIDER_CLASS_CONF, SHUFFLE_PARTITIONS, STATE_PARTITIONS
+from spark_state.spark.checkpoint import SparkCheckpoint, partition_count
+from spark_state.spark.files import PROVIDER_CLASS_CONF
 from spark_state.storage.directory import Dir
 from spark_state.storage.layout import DEFAULT_STORE, StoreId, format_versions
 
@@ -52,7 +52,7 @@ def overview(location: str, *, options: Mapping[str, str] | Settings | None = No
              if (c := attempt(f"offsets/{b}", lambda b=b: ckpt.offsets(b).conf)) is not None}
     last = max(confs) if confs else None
     provider = confs[last].get(PROVIDER_CLASS_CONF) if last is not None else None
-    partitions = {b: n for b, c in confs.items() if (n := _partition_count(c)) is not None}
+    partitions = {b: n for b, c in confs.items() if (n := partition_count(c)) is not None}
     operators = attempt("state", lambda: ckpt.operators, [])
     out = {
         "kind": "checkpoint", "location": ckpt.url, "query_id": query_id,
@@ -93,14 +93,6 @@ def overview(location: str, *, options: Mapping[str, str] | Settings | None = No
                              "bytes": sum(h.files.values())}
                             for sid, h in stores.items() if sid.operator == op["id"] and sid in now]
     return out
-
-
-def _partition_count(conf: Mapping[str, str]) -> int | None:
-    raw = conf.get(STATE_PARTITIONS, conf.get(SHUFFLE_PARTITIONS))
-    try:
-        return int(raw)
-    except (TypeError, ValueError):
-        return None
 
 
 def _why_not_restorable(batch: int, sids: list[StoreId], stores: dict[StoreId, StoreHealth]) -> str | None:

@@ -44,6 +44,15 @@ class Operator:
     metadata: OperatorMetadata | None
 
 
+def partition_count(conf: Mapping[str, str]) -> int | None:
+    """The state partition count an offset log entry's conf pins (Spark's internal conf where set, else the
+    shuffle partitions), or None when it records none."""
+    try:
+        return int(conf.get(STATE_PARTITIONS, conf.get(SHUFFLE_PARTITIONS)))
+    except (TypeError, ValueError):
+        return None
+
+
 def spark_state_root(checkpoint: Dir) -> str:
     """The state root string Spark hands the provider (``StateStoreId.checkpointRootLocation``):
     Hadoop's qualified path of ``<checkpoint>/state``, ``file:/abs/path/state`` for a local directory."""
@@ -135,12 +144,11 @@ class SparkCheckpoint:
 
     def num_partitions(self, batch: int) -> int:
         """The state partition count Spark pinned for `batch` (the internal conf where set, else shuffle partitions)."""
-        conf = self.offsets(batch).conf
-        raw = conf.get(STATE_PARTITIONS, conf.get(SHUFFLE_PARTITIONS))
-        if raw is None:
-            raise CheckpointError(f"offsets/{batch} of {self.dir.url} does not record the partition count; it "
-                                  f"was written by a Spark older than 2.1.")
-        return int(raw)
+        count = partition_count(self.offsets(batch).conf)
+        if count is None:
+            raise CheckpointError(f"offsets/{batch} of {self.dir.url} records no partition count; it was written "
+                                  f"by a Spark older than 2.1, or edited.")
+        return count
 
     def provider(self, batch: int) -> str | None:
         return self.offsets(batch).conf.get(PROVIDER_CLASS_CONF)
