@@ -15,11 +15,7 @@ PY     := $(VENV)/bin/python
 BASE   := $(VENV)/.installed-base
 STAMP  := $(VENV)/.installed
 
-<<<<<<< HEAD
-.PHONY: demo test test-fast test-cluster install shim bench bench-quick bench-rescale bench-typed bench-large clean wheel dist docs test-compat soak
-=======
-.PHONY: demo test test-fast test-cluster install shim docs-sync bench bench-quick bench-rescale bench-typed clean wheel dist docs test-compat soak
->>>>>>> issue-36
+.PHONY: demo test test-fast test-cluster install shim docs-sync bench bench-quick bench-rescale bench-typed bench-large clean wheel dist docs test-compat soak
 
 # The demo needs spark_state and its dependencies, not the extras of tests, benchmarks, docs and releases.
 demo: $(BASE)
