@@ -62,8 +62,10 @@ def markdown(data: dict) -> str:
     lines = [
         "# Chaos soak: two executors, state on S3 behind a fault-injecting proxy",
         "",
-        f"`python -m benchmarks.soak --minutes {settings.get('minutes', '?')} --seed {settings.get('seed', '?')}` "
-        f"(`make soak MINUTES={settings.get('minutes', '?')}`) at git `{s.get('git', '?')}`, "
+        f"`python -m benchmarks.soak --minutes {settings.get('minutes', '?')} --seed {settings.get('seed', '?')}"
+        f"{' --memory-limit ' + settings['memory_limit'] if settings.get('memory_limit') else ''}` "
+        f"(`make soak MINUTES={settings.get('minutes', '?')}"
+        f"{' MEMORY_LIMIT=' + settings['memory_limit'] if settings.get('memory_limit') else ''}`) at git `{s.get('git', '?')}`, "
         f"{_when(s.get('started'))}, on the 2-core machine shared with other work (niceness {s.get('niceness', '?')}). "
         f"Result: **{'PASSED' if s.get('passed') else 'FAILED' if s else 'INCOMPLETE (no end checks recorded)'}**.",
         "",
