@@ -78,11 +78,11 @@ public final class Engine {
     long n = spills.incrementAndGet();
     spilledBytes.addAndGet(fileBytes);
     if (n == SPILLS_BEFORE_NOTICE) {
-      LOG.warn("spark_state: state rows spill to local disk ({} spills, {} MiB written so far; memory budget {} MiB, "
+      LOG.warn("spark_state: state rows spill to local disk ({} spills, {} written so far; memory budget {}, "
           + "in use {}). Expected when the state is larger than the budget; if batches slow down, raise "
           + "spark.sql.streaming.stateStore.sparkState.memoryLimit or the executor memory. The progress metrics "
-          + "sparkStateSpills and sparkStateSpilledBytes count them.", n, spilledBytes.get() >> 20,
-          budget.limit() >> 20, budget.usedByKind());
+          + "sparkStateSpills and sparkStateSpilledBytes count them.", n, MemoryBudget.size(spilledBytes.get()),
+          MemoryBudget.size(budget.limit()), budget.describeUse());
     }
   }
 
