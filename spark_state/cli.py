@@ -340,9 +340,21 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
-def _location(args) -> str | None:
-    """The location a command was given (the one a storage error is about)."""
-    return next((getattr(args, a) for a in ("location", "source", "checkpoint") if getattr(args, a, None)), None)
+def _location(args, err: BaseException | None = None) -> str | None:
+    """The location a storage error is about: the one the command reads; for an object store's credential or
+    connection error, the first object-store URL among the command's locations and its --conf values (an S3
+    target of a local checkpoint, an S3 checkpointRoot), since a local path needs no credentials."""
+    given = [getattr(args, a, None) for a in ("location", "source", "checkpoint", "target", "output")]
+    given += [v for item in (getattr(args, "conf", None) or []) for v in [item.partition("=")[2].strip()]]
+    given = [str(g) for g in given if g]
+    if err is not None:
+        from spark_state.lifecycle.failures import is_object_store_error
+
+        if is_object_store_error(err):
+            remote = [g for g in given if "://" in g and not g.lower().startswith(("file://", "local://"))]
+            if remote:
+                return remote[0]
+    return given[0] if given else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -355,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         from spark_state.lifecycle.failures import explain
 
-        message = explain(err, _location(args))
+        message = explain(err, _location(args, err))
         if args.json:
             print(json.dumps({"ok": False, "command": args.command, "kind": type(err).__name__, "error": message}))
         print(f"spark-state {args.command}: error: {_printable(message)}", file=sys.stderr)

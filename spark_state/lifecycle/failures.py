@@ -38,6 +38,12 @@ def _from_spark(err: BaseException) -> bool:
     return type(err).__module__.split(".")[0] in ("pyspark", "py4j")
 
 
+def is_object_store_error(err: BaseException) -> bool:
+    """A credential or connection error of an object store's client (which location it is about is the caller's
+    to say: a local path raises neither)."""
+    return bool(_names(err) & (CREDENTIAL_ERRORS | CONNECTION_ERRORS))
+
+
 def explain(err: Exception, location: str | None = None) -> str:
     """One line: what went wrong and what to do. `location` is the one the command was given."""
     where = f" {location}" if location else ""
@@ -45,7 +51,7 @@ def explain(err: Exception, location: str | None = None) -> str:
     if isinstance(err, SparkStateError):
         return str(err)
     if names & CREDENTIAL_ERRORS:
-        return f"no credentials to read{where} ({type(err).__name__}: {err}); {_credentials_fix(location)}."
+        return f"no credentials to reach{where} ({type(err).__name__}: {err}); {_credentials_fix(location)}."
     if names & CONNECTION_ERRORS:
         return (f"cannot reach the storage of{where} ({type(err).__name__}: {err}); check the network and the "
                 f"endpoint (e.g. AWS_ENDPOINT_URL for an S3-compatible store).")

@@ -70,6 +70,27 @@ def test_s3_without_credentials_says_how_to_give_them(tmp_path):
     assert code == 2 and not out["ok"] and out["kind"] == "NoCredentialsError"
 
 
+def _no_aws_credentials(tmp_path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"),
+               AWS_EC2_METADATA_DISABLED="true", AWS_DEFAULT_REGION="us-east-1")
+    return env
+
+
+@pytest.mark.parametrize("command", [["restore", "{ckpt}", "s3://some-bucket/new"],
+                                     ["savepoint", "{ckpt}", "--target", "s3://some-bucket/new"],
+                                     ["export", "{ckpt}", "s3://some-bucket/new"],
+                                     ["ls", "{ckpt}", "--conf",
+                                      "spark.sql.streaming.stateStore.sparkState.checkpointRoot=s3://some-bucket/new"]])
+def test_missing_credentials_name_the_object_store_location_not_the_local_one(ckpt, tmp_path, command):
+    """A local checkpoint, an S3 target (or checkpointRoot) and no credentials: the line names the S3 location
+    and its credentials, not the local checkpoint, which the command could read."""
+    args = [a.format(ckpt=ckpt) for a in command]
+    line = _one_line_error(cli(*args, check=False, env=_no_aws_credentials(tmp_path)))
+    assert "no credentials" in line and "s3://some-bucket/new" in line and "AWS_ACCESS_KEY_ID" in line, line
+    assert str(ckpt) not in line, line
+
+
 def test_a_directory_it_may_not_read_is_named_and_ls_lists_the_rest(ckpt):
     locked = ckpt / "state" / "0" / "0"
     locked.chmod(0)
