@@ -357,6 +357,23 @@ def _location(args, err: BaseException | None = None) -> str | None:
     return given[0] if given else None
 
 
+def _way_back_hint(args, err: BaseException) -> str:
+    """For a damaged file met on the way (a manifest that does not parse, a checksum): the command that names
+    every damaged file and the batch to go back to."""
+    from spark_state.errors import ChecksumMismatch
+
+    location = _location(args)
+    if not isinstance(err, ChecksumMismatch) or args.command == "validate" or not location:
+        return ""
+    try:
+        from spark_state.storage.directory import Dir
+
+        location = Dir(location).url
+    except Exception:  # noqa: BLE001 - the hint names the location as given
+        pass
+    return f" `spark-state validate {location}` names every damaged file and the batch to go back to."
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     started = time.perf_counter()
@@ -367,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         from spark_state.lifecycle.failures import explain
 
-        message = explain(err, _location(args, err))
+        message = explain(err, _location(args, err)) + _way_back_hint(args, err)
         if args.json:
             print(json.dumps({"ok": False, "command": args.command, "kind": type(err).__name__, "error": message}))
         print(f"spark-state {args.command}: error: {_printable(message)}", file=sys.stderr)

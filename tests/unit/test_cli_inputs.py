@@ -160,3 +160,24 @@ def test_ls_shows_what_it_can_when_spark_logs_are_garbage(ckpt):
     text = cli("ls", ckpt).stdout
     assert "query (unreadable)" in text and f"unreadable: file://{ckpt}/offsets/1" in text
     assert json.loads(cli("validate", ckpt, "--json", check=False).stdout)["affected_batches"] == [1]
+
+
+@pytest.mark.parametrize("command", [["restore", "{ckpt}", "{out}"], ["export", "{ckpt}", "{out}"],
+                                     ["savepoint", "{ckpt}", "--target", "{out}"], ["rescale", "{ckpt}", "3"],
+                                     ["inspect", "{ckpt}", "-o", "0", "-p", "0"]])
+def test_a_garbage_manifest_stops_a_command_with_the_way_to_find_the_batch_to_go_back_to(ckpt, tmp_path, command):
+    (ckpt / "state" / "0" / "0" / "chk-4" / "_metadata").write_bytes(b"\x00garbage")
+    line = _one_line_error(cli(*[a.format(ckpt=ckpt, out=tmp_path / "out") for a in command], check=False))
+    assert "chk-4/_metadata" in line and f"spark-state validate file://{ckpt}" in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_rescale_refuses_a_last_batch_whose_state_cannot_load_and_writes_nothing(ckpt):
+    """Rescale writes only metadata: on a missing data file it would commit a batch whose state cannot load,
+    and the query would fail only when it restarts."""
+    (delta,) = (ckpt / "state" / "0" / "1" / "shared").glob("v0000000003-delta-*.arrow")
+    delta.unlink()
+    before = sorted(p.relative_to(ckpt) for p in ckpt.rglob("*"))
+    line = _one_line_error(cli("rescale", ckpt, "3", check=False))
+    assert f"{delta.name} is missing" in line and "batch 3" in line and "spark-state validate" in line, line
+    assert sorted(p.relative_to(ckpt) for p in ckpt.rglob("*")) == before, "a refused rescale wrote something"
