@@ -159,7 +159,8 @@ def _show_ls(r: dict) -> None:
         for s in op["partitions"]:
             versions = format_versions(s["versions"])
             if s["damaged"]:
-                versions += f" ({format_versions(s['damaged'])} damaged)"
+                which = "version" if len(s["damaged"]) == 1 else "versions"
+                versions += f" ({which} {format_versions(s['damaged'])} damaged)"
             table.add_row(s["name"], str(s["partition"]), versions, str(s["files"]), _human(s["bytes"]))
         con.print(table)
 

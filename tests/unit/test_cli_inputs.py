@@ -117,7 +117,10 @@ def test_a_garbage_manifest_marks_its_batch_and_validate_names_the_way_back(ckpt
     assert [d["batch"] for d in out["batches"]["damaged"]] == [3]
     assert "chk-4/_metadata" in out["batches"]["damaged"][0]["reason"]
     assert out["operators"][0]["partitions"][0]["damaged"] == [4]
-    assert "damaged: 3" in cli("ls", ckpt).stdout
+    text = cli("ls", ckpt).stdout
+    assert "damaged: 3" in text
+    # The store's row says which versions are damaged, not a count that reads like one ("1-4 (4 damaged)").
+    assert "1-4 (version 4 damaged)" in text, text
     done = cli("validate", ckpt, check=False)
     assert done.returncode == 1
     assert "they affect batch 3 " in done.stdout
