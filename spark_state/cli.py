@@ -51,9 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--traceback", action="store_true",
                         help="on an error, the Python traceback instead of one line (for a bug report)")
 
-    parser = argparse.ArgumentParser(prog="spark-state", description=__doc__.split("\n\n")[0],
+    text = __doc__.replace("``", "")  # plain text on a terminal
+    parser = argparse.ArgumentParser(prog="spark-state", description=text.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+                                     epilog="\n\n".join(text.split("\n\n")[1:]))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("ls", parents=[common], help="batches, operators, stores, versions and bytes")

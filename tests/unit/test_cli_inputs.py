@@ -184,3 +184,10 @@ def test_rescale_refuses_a_last_batch_whose_state_cannot_load_and_writes_nothing
     line = _one_line_error(cli("rescale", ckpt, "3", check=False))
     assert f"{delta.name} is missing" in line and "batch 3" in line and "spark-state validate" in line, line
     assert sorted(p.relative_to(ckpt) for p in ckpt.rglob("*")) == before, "a refused rescale wrote something"
+
+
+def test_help_reads_as_plain_text():
+    """--help shows the module docstring: without its reST markup (``--json``) on a terminal."""
+    done = cli("--help")
+    assert "``" not in done.stdout, done.stdout
+    assert "spark-state: operate on spark_state checkpoints" in done.stdout and "--json (one JSON document" in done.stdout
