@@ -80,3 +80,6 @@ def test_operating_lists_every_command_of_spark_state():
     text = (ROOT / "docs" / "operating.md").read_text()
     missing = [c for c in commands if not re.search(rf"^spark-state {c}\s", text, re.M)]
     assert missing == [], f"docs/operating.md does not list spark-state {missing}"
+    for page in (ROOT / "README.md", ROOT / "docs" / "index.md"):
+        [tools] = re.findall(r"`spark-state ([a-z /]+)`", page.read_text())
+        assert set(tools.split(" / ")) == set(commands), f"{page.name}'s Tools row: {tools}"
