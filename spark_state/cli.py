@@ -185,6 +185,10 @@ def _show_inspect(r: dict) -> None:
             where += f" [rows with pmod(hash, {f['modulus']}) = {f['residue']}]"
         chain.add_row(f["kind"], str(f["version"]), str(f["rows"]), _human(f["bytes"]), f["checksum"], where)
     con.print(chain)
+    if not r["rows"]:
+        con.print(f"no rows at batch {r['batch']}: this partition holds no key (spark-state ls shows each "
+                  f"partition's bytes; a key's partition is Spark's hash of it modulo the partition count)")
+        return
     rows = kg["rows_per_key_group"]
     con.print(f"rows per non-empty key group: min {rows['min']}, mean {rows['mean']:.1f}, max {rows['max']}")
     top = max((bk["rows"] for bk in kg["buckets"]), default=0) or 1

@@ -191,3 +191,17 @@ def test_help_reads_as_plain_text():
     done = cli("--help")
     assert "``" not in done.stdout, done.stdout
     assert "spark-state: operate on spark_state checkpoints" in done.stdout and "--json (one JSON document" in done.stdout
+
+
+def test_inspect_of_an_empty_partition_says_so_instead_of_a_histogram_of_zeros(capsys):
+    """A small query's partition often holds no key (the one-minute example: 2 keys, 4 partitions)."""
+    from spark_state.cli import _show_inspect
+
+    buckets = [{"from": i * 5040, "to": i * 5040 + 5039, "rows": 0, "key_groups": 0} for i in range(20)]
+    _show_inspect({"operator": 0, "partition": 0, "store": "default", "version": 2, "batch": 1, "rows": 0,
+                   "root": "file:///data/ckpt/state/0/0", "chain": [],
+                   "key_groups": {"max_parallelism": 100800, "key_groups_with_rows": 0, "buckets": buckets,
+                                  "rows_per_key_group": {"min": 0, "mean": 0.0, "max": 0}}})
+    out = capsys.readouterr().out
+    assert "histogram" not in out and "rows per non-empty key group" not in out, out
+    assert "no rows at batch 1" in out, out
