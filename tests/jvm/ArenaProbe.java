@@ -98,7 +98,7 @@ public class ArenaProbe {
   }
 
   /** What a write answers, by its code (StateMap.ABSENT, HELD, CHANGED). */
-  static final String[] STATUS = {"ABSENT", "HELD", "CHANGED"};
+  static final String[] STATUS = {"ABSENT", "HELD", "CHANGED", "UNCHANGED"};
   static final MemoryBudget BUDGET = new MemoryBudget(Long.getLong("probe.budget", 1L << 30));
   static final Engine ENGINE = new Engine(BUDGET);
 

@@ -212,7 +212,16 @@ final class RowImage implements Closeable {
       if (source.remote()) {   // a few bytes per key: not before the first lookup
         this.pendingFilter = new long[] {start, filterWords, filterHashes, filterCrc};
       } else {
-        this.filter = readFilter(start, filterWords, filterHashes, filterCrc, readAt(start, 8 * filterWords));
+        KeyFilter f = readFilter(start, filterWords, filterHashes, filterCrc, readAt(start, 8 * filterWords));
+        // the CRC covers the words, not k: a filter must at least let through each block's first and last
+        // record, whose hashes the (checked) index holds
+        for (int b = 0; b < blockCount; b++) {
+          if (!f.mightContain((int) firstKey[b]) || !f.mightContain((int) lastKey[b])) {
+            throw RowImageException.corrupt(name, "the key filter rules out a key of block " + b + " (its header "
+                + "is damaged)");
+          }
+        }
+        this.filter = f;
       }
     }
   }
