@@ -37,7 +37,7 @@ import io.sparkstate.shim.worker.WorkerClient;
  *   remove NAME VERSION K [K ...]      → OK version  keys removed, committed
  *   drain                              → OK pending  the worker's background work (compactions, images) done
  *   open NAME VERSION                  → OK          a read store of VERSION on a new provider of NAME's store
- *   get NAME K [K ...]                 → the value of each key's first column, or null
+ *   get NAME K [K ...]                 → OK and the value of each key's first column, or null
  *   check NAME FROM TO MULT            → OK n, or BAD k v: every key FROM..TO-1 reads k * MULT (MULT 0: absent)
  *   scan NAME                          → OK rows sum
  *   release NAME                       → OK          the read store and its provider closed
@@ -146,10 +146,10 @@ public class RemoteImageProbe {
         return "OK " + (System.nanoTime() - t0) / 1_000_000;
       }
       case "get": {
-        StringBuilder sb = new StringBuilder();
+        StringBuilder sb = new StringBuilder("OK");
         for (int i = 2; i < a.length; i++) {
           UnsafeRow v = s.read.get(key(Long.parseLong(a[i])), CF);
-          sb.append(i > 2 ? " " : "").append(v == null ? "null" : Long.toString(v.getLong(0)));
+          sb.append(' ').append(v == null ? "null" : Long.toString(v.getLong(0)));
         }
         return sb.toString();
       }

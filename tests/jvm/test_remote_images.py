@@ -92,7 +92,7 @@ def test_a_restore_reads_the_index_from_the_load_and_only_the_blocks_its_lookups
         assert probe.fetched() == before, "the image opened from the tail its load sent: no fetch"
         [copy] = probe.cached()
         assert copy["name"].endswith(".img") and copy["name"].startswith("s3://") and copy["present"] == 0
-        assert probe.answer("get a 1000 5000 0 19999 777777") == "1000 5000 null 19999 null"
+        assert probe.ok("get a 1000 5000 0 19999 777777") == ["1000", "5000", "null", "19999", "null"]
         fetched, requests = probe.fetched()
         filter_bytes = 8 * -(-10 * KEYS // 64)
         # each get one request for its block's pages (4 KiB pages, a block ~ 2 KiB); the filter maybe, once
@@ -108,5 +108,123 @@ def test_a_restore_reads_the_index_from_the_load_and_only_the_blocks_its_lookups
         before = probe.fetched()
         assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
         assert probe.fetched() == before, "a second pass reads only the local copy"
+    finally:
+        probe.close()
+
+
+def test_the_background_fill_completes_the_local_copy_and_later_restores_fetch_nothing(endpoint, classes, tmp_path):
+    probe = Probe(classes, tmp_path, "-Dspark_state.imageCachePage=4096", "-Dspark_state.imageFillRange=16384",
+                  "-Dspark_state.imageFillBytes=65536")
+    try:
+        size = build(probe, "a", tmp_path / "ckpt", 0, s3_root(endpoint))
+        before = probe.fetched()
+        probe.ok("open a 2")
+        assert probe.ok("get a 7 8 9") == ["7", "8", "9"]
+        assert probe.ok("filled a 60000") == []
+        [copy] = probe.cached()
+        assert copy["present"] == copy["pages"] and copy["users"] == 1, copy
+        fetched, requests = probe.fetched()
+        # the whole image once (the tail came with the load; a page under a lookup may be fetched twice at most)
+        assert size * 0.9 <= fetched - before[0] <= size + 8 * 4096, (fetched - before[0], size)
+        assert requests - before[1] <= size // 65536 + 16, "the fill asks for many pages at once"
+        assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
+        probe.ok("release a")
+        before = probe.fetched()
+        probe.ok("open a 2")   # a new provider (a task moved back): the copy is reused
+        assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
+        assert probe.ok("scan a") == [str(KEYS - 3), str(sum(range(3, KEYS)))]
+        assert probe.fetched() == before, "a complete copy serves a later restore without a request"
+    finally:
+        probe.close()
+
+
+def test_a_copy_that_vanished_or_was_damaged_is_fetched_again_and_answers_right(endpoint, classes, tmp_path):
+    probe = Probe(classes, tmp_path, "-Dspark_state.imageCachePage=4096")
+    try:
+        build(probe, "a", tmp_path / "ckpt", 0, s3_root(endpoint))
+        probe.ok("open a 2")
+        assert probe.ok("filled a 60000") == []
+        probe.ok("release a")
+        [copy] = probe.cached()
+        assert copy["users"] == 0 and copy["local"].exists()
+        # damaged while idle: every page but the last (the tail) overwritten with garbage, same size
+        data = bytearray(copy["local"].read_bytes())
+        data[: len(data) - 4096] = b"\x5a" * (len(data) - 4096)
+        copy["local"].write_bytes(bytes(data))
+        before = probe.fetched()
+        probe.ok("open a 2")
+        assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
+        assert probe.ok("check a 0 3 0") == ["3"]
+        assert probe.fetched()[1] > before[1], "the damaged blocks were read again from the checkpoint"
+        probe.ok("release a")
+        # vanished while idle
+        [copy] = probe.cached()
+        copy["local"].unlink()
+        before = probe.fetched()
+        probe.ok("open a 2")
+        assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
+        assert probe.ok("scan a") == [str(KEYS - 3), str(sum(range(3, KEYS)))]
+        assert probe.fetched()[1] > before[1]
+        # truncated under a reading store
+        probe.ok("release a")
+        probe.ok("open a 2")
+        assert probe.ok("filled a 60000") == []
+        [copy] = probe.cached()
+        with open(copy["local"], "r+b") as f:
+            f.truncate(4096)
+        assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
+    finally:
+        probe.close()
+
+
+def test_the_cache_is_bounded_and_evicts_the_least_recently_used_idle_copy(endpoint, classes, tmp_path):
+    root = s3_root(endpoint)
+    probe = Probe(classes, tmp_path, "-Dspark_state.imageCachePage=4096")
+    try:
+        sizes = [build(probe, name, tmp_path / "ckpt", p, root) for p, name in enumerate("abc")]
+        bound = int(max(sizes) * 1.5)
+        for name in "abc":
+            probe.provider(name, tmp_path / "ckpt", "abc".index(name), f"checkpointRoot={root}", *IMAGES,
+                           f"rowImages.cacheSize={bound}")
+        for name in "abc":
+            probe.ok(f"open {name} 2")
+            assert probe.ok(f"check {name} 3 {KEYS} 1") == [str(KEYS - 3)]
+            probe.ok(f"release {name}")
+            copies = probe.cached()
+            assert sum(c["reserved"] for c in copies) <= bound, copies
+            assert sum(c["local"].stat().st_blocks * 512 for c in copies if c["local"].exists()) <= bound + 65536
+        kept = [c["name"] for c in probe.cached() if c["reserved"] > 0]
+        assert len(kept) == 1, "the two older copies were evicted"
+        probe.ok("open a 2")   # evicted: fetched again, right
+        assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
+    finally:
+        probe.close()
+
+
+def test_bytes_the_checkpoint_lost_fail_the_read_clearly(endpoint, classes, tmp_path):
+    probe = Probe(classes, tmp_path, "-Dspark_state.imageFillStreams=0", "-Dspark_state.imageCachePage=4096")
+    try:
+        root = s3_root(endpoint)
+        build(probe, "a", tmp_path / "ckpt", 0, root)
+        probe.ok("open a 2")
+        fs = fsspec.filesystem("s3")
+        [image] = [p for p in fs.find(root.removeprefix("s3://")) if p.endswith(".img")]
+        fs.rm(image)
+        reply = probe.answer("get a 12345")
+        assert reply.startswith("ERR") and "cannot fetch bytes of the row image" in reply, reply
+    finally:
+        probe.close()
+
+
+def test_a_local_checkpoint_is_read_in_place_without_the_cache(classes, tmp_path):
+    probe = Probe(classes, tmp_path)
+    try:
+        probe.provider("a", tmp_path / "ckpt", 0, *IMAGES)
+        assert probe.ok(f"write a 0 0 {KEYS} 1") == ["1"]
+        probe.ok("drain")
+        assert probe.ok("remove a 1 0 1 2") == ["2"]
+        probe.ok("open a 2")
+        assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
+        assert probe.cached() == [] and probe.fetched() == (0, 0)
     finally:
         probe.close()

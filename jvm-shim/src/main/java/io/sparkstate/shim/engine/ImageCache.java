@@ -38,8 +38,8 @@ final class ImageCache {
   static final long RANGE_BYTES = Math.max(PAGE, Long.getLong("spark_state.imageFillRange", 1L << 20));
   /** Bytes one fill request asks for. */
   static final long FILL_BYTES = Math.max(RANGE_BYTES, Long.getLong("spark_state.imageFillBytes", 8L << 20));
-  /** Fill loops per image. */
-  static final int FILL_STREAMS = Math.max(1, Integer.getInteger("spark_state.imageFillStreams", 2));
+  /** Fill loops per image (0: no background fill, tests). */
+  static final int FILL_STREAMS = Math.max(0, Integer.getInteger("spark_state.imageFillStreams", 2));
   /** Fill threads of the executor (every image's loops share them). */
   static final int FILL_THREADS = Math.max(1, Integer.getInteger("spark_state.imageFillThreads", 4));
   /** Idle images whose page states the cache remembers at most (their files' pages count against the bound). */
