@@ -303,25 +303,55 @@ final class CachedImage {
     return got[0];
   }
 
-  /** Fetches in one request the missing pages under the ranges [from[i], to[i]), when the cache has room for them. */
+  /**
+   * Fetches the missing pages under the ranges [from[i], to[i]) (sorted) into the copy, up to
+   * {@link ImageCache#FILL_BYTES} per request, while the cache has room for them.
+   */
   void prefetch(long[] from, long[] to, RangeReader reader) throws IOException {
-    int[] mine;
-    synchronized (this) {
-      int[] all = new int[pages];
-      int n = 0;
-      for (int i = 0; i < from.length; i++) {
-        for (int p = pageOf(from[i]); p <= pageOf(Math.max(from[i], to[i] - 1)) && p < pages; p++) {
-          if (state[p] == MISSING) {
-            state[p] = FETCHING;
-            all[n++] = p;
+    int max = (int) Math.max(1, ImageCache.FILL_BYTES / page);
+    int[] wanted = new int[max];
+    int n = 0;
+    int last = -1;
+    for (int i = 0; i <= from.length; i++) {
+      boolean flush = i == from.length;
+      if (!flush) {
+        for (int p = Math.max(last + 1, pageOf(from[i])); p <= pageOf(Math.max(from[i], to[i] - 1)) && p < pages; p++) {
+          wanted[n++] = p;
+          last = p;
+          if (n == max) {
+            if (!prefetchPages(wanted, n, reader)) {
+              return;
+            }
+            n = 0;
           }
         }
+      } else if (n > 0) {
+        prefetchPages(wanted, n, reader);
       }
-      mine = Arrays.copyOf(all, n);
     }
-    if (mine.length > 0 && !fetchCached(mine, reader)) {
+  }
+
+  /** Claims the missing ones of these pages and fetches them into the copy; false when the cache had no room. */
+  private boolean prefetchPages(int[] wanted, int n, RangeReader reader) throws IOException {
+    int[] mine = new int[n];
+    int m = 0;
+    synchronized (this) {
+      for (int i = 0; i < n; i++) {
+        if (state[wanted[i]] == MISSING) {
+          state[wanted[i]] = FETCHING;
+          mine[m++] = wanted[i];
+        }
+      }
+    }
+    if (m == 0) {
+      return true;
+    }
+    mine = Arrays.copyOf(mine, m);
+    if (!fetchCached(mine, reader)) {
       release(mine);
+      return false;
     }
+    return true;
   }
 
   // ------------------------------------------------------------------ fetching
@@ -410,17 +440,32 @@ final class CachedImage {
     return n;
   }
 
-  /** Writes fetched bytes into the file; false (logged once by the cache) when local disk refuses them. */
+  /**
+   * Writes fetched bytes into the file; false when the file was closed meanwhile (the last store reading the
+   * image let it go: a fill that was under way) or local disk refuses them (logged once by the cache).
+   */
   private boolean write(long position, byte[] bytes, int n) {
+    RandomAccessFile f;
+    synchronized (this) {
+      f = raf;
+    }
+    if (f == null) {
+      return false;
+    }
     try {
-      RandomAccessFile f = file();
       synchronized (f) {
         f.seek(position);
         f.write(bytes, 0, n);
       }
       return true;
     } catch (IOException e) {
-      cache.writeFailed(file, e);
+      boolean closed;
+      synchronized (this) {
+        closed = raf != f;
+      }
+      if (!closed) {
+        cache.writeFailed(file, e);
+      }
       return false;
     }
   }

@@ -152,7 +152,7 @@ final class ImageCache {
    * reads until they fit. False when they do not fit (the caller reads the bytes without keeping them).
    */
   synchronized boolean reserve(CachedImage image, long bytes) {
-    if (writesFailed) {
+    if (writesFailed || image.dropped || image.users == 0) {   // an idle image's fill stops here
       return false;
     }
     long cap = capacity();
