@@ -81,6 +81,7 @@ public class RemoteImageProbe {
       c.setConfString(prefix + e.getKey(), e.getValue());
       extra = extra.updated(prefix + e.getKey(), e.getValue());
     }
+    new File(dir).mkdirs();   // File.toURI ends an existing directory with '/': the same URI for every provider
     StateStoreId id = new StateStoreId(new File(dir).toURI().toString(), 0L, partition,
         StateStoreId.DEFAULT_STORE_NAME());
     return StateStoreProvider.createAndInit(new StateStoreProviderId(id, new UUID(42, 42)), KEY, VALUE,

