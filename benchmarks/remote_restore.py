@@ -18,9 +18,9 @@ each command:
 * ``batch``: lookups of 1% of the keys (a contiguous range of keys: their hashes spread over every block),
   right after the open; ``open + batch`` is what a task moving to a fresh executor pays before its puts;
 * ``scan``: in another fresh JVM, ``getReadStore(2)`` then a full scan of the store;
-* bytes and requests the proxy forwarded for the restore (open + first get) and for open + batch (the
-  background fill keeps fetching after the batch: those bytes are counted once the copy is complete),
-  beside the image's size.
+* bytes and requests the proxy forwarded for the restore (open + first get: with range reads, the
+  background fill's first requests are under way by then and counted), for open + batch, and until the
+  local copy is complete (the fill goes on after the batch), beside the image's size.
 
 Writes ``results.md`` and ``results.json`` into ``--out``.
 """
@@ -75,9 +75,11 @@ class Proxy:
         time.sleep(1.2)   # the proxy re-reads its control file every second
 
     def stats(self) -> tuple[int, int]:
-        """(requests, bytes) forwarded so far (the proxy rewrites them every second)."""
-        time.sleep(1.2)
-        s = json.loads(Path(f"{self.log}.stats.json").read_text())
+        """(requests, bytes) forwarded so far."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/__proxy_stats", timeout=10) as r:
+            s = json.loads(r.read())
         return s["requests"], s["bytes"]
 
     def stop(self) -> None:

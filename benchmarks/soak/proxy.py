@@ -12,7 +12,8 @@ so the fault schedule can raise it for a burst) it does one of:
 * ``drop``         closes the connection without a reply, before or after forwarding.
 
 ``latency_s`` in the control file delays every forwarded request by that long (an object store's
-first-byte latency, for ``benchmarks.remote_restore``); the stats count the reply bytes sent.
+first-byte latency, for ``benchmarks.remote_restore``); the stats count the reply bytes sent, and
+``GET /__proxy_stats`` answers the counts at once.
 
 Every fault is appended to the log as one JSON line (time, kind, method, path), and the
 totals are rewritten to ``<log>.stats.json`` every few seconds, so the soak's report can
@@ -160,6 +161,11 @@ def make_handler(upstream: tuple[str, int], control: Control, log: FaultLog, rng
             self._send(status, [("Content-Type", "application/xml")], data)
 
         def _handle(self) -> None:
+            if self.path == "/__proxy_stats":   # the counts now (benchmarks), not a request to S3
+                with log._lock:
+                    data = json.dumps({"requests": log.requests, "bytes": log.bytes}).encode()
+                self._send(200, [("Content-Type", "application/json")], data)
+                return
             log.request()
             body = self._body()
             kind, after = draw()
