@@ -124,7 +124,7 @@ class Settings:
     row_images: bool = True
     row_images_min_rows: int = DEFAULT_ROW_IMAGES_MIN_ROWS
     memory_limit: int | None = None   # None: the JVM's default, from Spark's memory model (DESCRIPTIONS)
-    row_image_range_reads: bool = True
+    row_image_range_reads: bool = False   # opt-in: a full scan right after a restore is slower (docs/large-state.md)
     row_image_cache_size: int | None = None   # None: the JVM's default, from the local disk's free space
 
     @classmethod
@@ -221,7 +221,8 @@ DESCRIPTIONS = {
                              "image's index and the blocks its keys need by byte range, and fetches the rest into "
                              "the executor's local cache in the background; false: it downloads the whole image "
                              "before the first get. Local and NFS checkpoints are read in place either way. "
-                             "Default true."),
+                             "Default false: until a full scan right after a restore is as fast as after a "
+                             "download (docs/large-state.md, \"Restores on object storage\")."),
     "rowImages.cacheSize": ("Local disk an executor may use for the blocks of remote row images, all its stores "
                             "together (under spark.local.dir; least recently used images are evicted), e.g. 20g. "
                             "Default: half of the free space of that disk when the executor first needs it."),

@@ -19,7 +19,7 @@ from tests.support.jvm_probes import ProbeProcess, probe_command
 
 KEYS = 20_000
 #: Row images for every snapshot; the changes after one are compacted only when asked for.
-IMAGES = ["rowImages.minRows=0", "snapshotInterval=100"]
+IMAGES = ["rowImages.minRows=0", "snapshotInterval=100", "rowImages.rangeReads=true"]
 
 
 @pytest.fixture(scope="module")

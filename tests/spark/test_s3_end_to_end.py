@@ -32,7 +32,7 @@ def test_running_counts_survive_restart_with_state_on_s3(spark, tmp_path, s3_buc
 def test_a_query_on_s3_restores_from_row_images_read_by_range_and_matches_hdfs(spark, tmp_path, s3_bucket):
     """Issue 38: every batch restores (unloadOnCommit) over the row image the worker wrote on S3 after the last
     commit, reading its index and the blocks its keys need by range through the executor's cache of remote
-    images (rowImages.rangeReads, the default); the output is the HDFS provider's, batch by batch, across
+    images (rowImages.rangeReads=true); the output is the HDFS provider's, batch by batch, across
     restarts."""
     from pyspark.sql import functions as F
 

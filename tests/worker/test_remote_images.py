@@ -39,7 +39,8 @@ def compacted(worker, tmp_path):
     root = tmp_path / "ckpt" / "state"
     base = {"store": {"sparkRoot": f"file:{root}", "location": f"file:{root}/0/0", "operator": 0, "partition": 0,
                       "name": "default", "queryId": "q-38"},
-            "options": {"checkpointRoot": f"s3://{bucket}/state", "rowImages.minRows": "0", "snapshotInterval": "100"}}
+            "options": {"checkpointRoot": f"s3://{bucket}/state", "rowImages.minRows": "0", "snapshotInterval": "100",
+                        "rowImages.rangeReads": "true"}}
     conn = worker.connect()
     resp, _ = conn.request({"op": "commit", "version": 1, **base}, table_to_ipc(changes([(k, k) for k in range(3000)])))
     assert resp["ok"], resp
