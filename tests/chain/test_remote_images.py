@@ -28,7 +28,7 @@ def bucket() -> str:
 
 def compacted_store(root: str, versions: int = 5, **settings):
     """A store with a row image under its newest version's chain, and the model of its state."""
-    store = store_on(root, **{**IMAGES, **settings})
+    store = store_on(root, **{**IMAGES, "row_image_range_reads": True, **settings})
     model: dict[int, int] = {}
     for v in range(1, versions + 1):
         batch = {i: v * 10 + i for i in range(v * 3, v * 3 + 40)} | {v: None}
