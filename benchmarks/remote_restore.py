@@ -209,7 +209,7 @@ def write(result: dict, out: Path) -> None:
         f"`{result['command']}` (under `nice -n 19 flock /work/spark.lock`): {result['keys']:,} keys "
         f"(long → long), row image {mib:.1f} MiB on the loopback S3 server (moto) behind the soak's proxy "
         f"with the given latency per request; each figure from a fresh JVM and worker. `range`: "
-        f"rowImages.rangeReads=true (the default), `download`: false (the whole image downloaded before "
+        f"rowImages.rangeReads=true, `download`: false (the default: the whole image downloaded before "
         f"the first get). Batch: gets of {result['batch_keys']:,} keys (1%) after the open; no puts, no commit.",
         "",
         "| latency | mode | getStore + first get | open + 1% gets | open + full scan | requests / MiB (restore) "
