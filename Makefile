@@ -41,12 +41,16 @@ test-cluster: install
 
 install: $(STAMP) shim
 
-$(BASE): pyproject.toml
+$(BASE): pyproject.toml Makefile
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run 'make PYTHON=/path/to/python3.11 ...'"; exit 1; }
 	@command -v javac >/dev/null || { echo "error: javac not found; install a JDK 17 (e.g. apt-get install openjdk-17-jdk-headless)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e .
+	@# The source tree as a sys.path entry too: setuptools' editable finder runs after Python's path finder,
+	@# so from the parent of a clone named spark_state/ (a script there, python -m spark_state) the clone
+	@# would be imported as an empty namespace package (tests/unit/test_source_checkout_import.py).
+	$(PY) -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()['purelib'], 'spark_state-source.pth').write_text('$(CURDIR)\n')"
 	touch $(BASE)
 
 $(STAMP): $(BASE)
@@ -99,8 +103,11 @@ bench-large: install
 # fault-injecting proxy, then the end checks; report in benchmarks/results/soak/. Not part of make test
 # (tests/cluster/test_soak_smoke.py runs a short one there).
 MINUTES ?= 60
+# MEMORY_LIMIT=256k: a memoryLimit small enough that every store spills into sorted runs (results in soak-spill/)
+MEMORY_LIMIT ?=
+SOAK_OUT ?= benchmarks/results/soak$(if $(MEMORY_LIMIT),-spill)
 soak: install
-	$(PY) -m benchmarks.soak --minutes $(MINUTES) --out benchmarks/results/soak
+	$(PY) -m benchmarks.soak --minutes $(MINUTES) --out $(SOAK_OUT) $(if $(MEMORY_LIMIT),--memory-limit $(MEMORY_LIMIT))
 
 clean:
 	rm -rf $(VENV) jvm-shim/build build dist .pytest_cache .hypothesis

@@ -86,8 +86,8 @@ def _feed(src: Path, file: Path, n: int) -> None:
 
 # ------------------------------------------------------------------ memory sampling
 
-def _tree_rss(pid: int) -> int:
-    """Resident bytes of `pid` and all its descendants (Linux /proc)."""
+def _tree(pid: int) -> dict[int, tuple[str, int]]:
+    """Name and resident bytes of `pid` and each of its descendants (Linux /proc)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -98,25 +98,30 @@ def _tree_rss(pid: int) -> int:
         except (OSError, IndexError, ValueError):
             continue
         children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0, [pid]
+    out, todo = {}, [pid]
     page = os.sysconf("SC_PAGE_SIZE")
     while todo:
         p = todo.pop()
         try:
             with open(f"/proc/{p}/statm") as f:
-                total += int(f.read().split()[1]) * page
+                rss = int(f.read().split()[1]) * page
+            with open(f"/proc/{p}/comm") as f:
+                out[p] = (f.read().strip(), rss)
         except (OSError, IndexError, ValueError):
             pass
         todo.extend(children.get(p, ()))
-    return total
+    return out
 
 
 class PeakSampler:
-    """The peak resident memory of this process's children (the JVM and everything it started)."""
+    """The peak resident memory of this process's children (the JVM and everything it started), and at that
+    moment each kind of process's share (java: the JVM; python: the state worker and Spark's Python workers)."""
 
     def __init__(self, every: float = 0.5):
         self.every = every
         self.peak = 0
+        self.at_peak: dict[str, int] = {}
+        self.peak_by: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -131,16 +136,17 @@ class PeakSampler:
     def _run(self) -> None:
         me = os.getpid()
         while not self._stop.is_set():
-            self.peak = max(self.peak, _tree_rss(me) - _tree_rss_self(me))
+            by: dict[str, int] = {}
+            for pid, (name, rss) in _tree(me).items():
+                if pid != me:
+                    kind = "python" if name.startswith("python") else name
+                    by[kind] = by.get(kind, 0) + rss
+            total = sum(by.values())
+            for kind, rss in by.items():
+                self.peak_by[kind] = max(self.peak_by.get(kind, 0), rss)
+            if total > self.peak:
+                self.peak, self.at_peak = total, by
             self._stop.wait(self.every)
-
-
-def _tree_rss_self(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        return 0
 
 
 # ------------------------------------------------------------------ one phase (one application)
@@ -157,6 +163,7 @@ def _session(provider: str, heap: str, extra: dict[str, str]):
          .config("spark.driver.memory", heap)
          .config("spark.driver.extraJavaOptions",
                  f"-Dlog4j2.configurationFile={HERE / 'jvm' / 'log4j2.properties'} -XX:+ExitOnOutOfMemoryError"
+                 + (" " + os.environ["LARGE_JAVA_OPTS"] if os.environ.get("LARGE_JAVA_OPTS") else "")
                  + (f" -XX:StartFlightRecording=filename={os.environ['LARGE_JFR']},settings=profile"
                     if os.environ.get("LARGE_JFR") else "")))
     if provider == "spark_state_fs":
@@ -242,7 +249,8 @@ def run_phase(provider: str, phase: str, keys: int, workdir: Path, data: Path, h
         finally:
             spark.stop()
     result = {"provider": provider, "phase": phase, "keys": keys, "heap": heap, "wall_s": wall,
-              "batches": batches, "peak_rss_bytes": sampler.peak, "gc_ms": gc_ms, **checked}
+              "batches": batches, "peak_rss_bytes": sampler.peak, "rss_at_peak": sampler.at_peak,
+              "peak_rss_by_process": sampler.peak_by, "gc_ms": gc_ms, **checked}
     return result
 
 

@@ -51,9 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--traceback", action="store_true",
                         help="on an error, the Python traceback instead of one line (for a bug report)")
 
-    parser = argparse.ArgumentParser(prog="spark-state", description=__doc__.split("\n\n")[0],
+    text = __doc__.replace("``", "")  # plain text on a terminal
+    parser = argparse.ArgumentParser(prog="spark-state", description=text.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+                                     epilog="\n\n".join(text.split("\n\n")[1:]))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("ls", parents=[common], help="batches, operators, stores, versions and bytes")
@@ -159,7 +160,8 @@ def _show_ls(r: dict) -> None:
         for s in op["partitions"]:
             versions = format_versions(s["versions"])
             if s["damaged"]:
-                versions += f" ({format_versions(s['damaged'])} damaged)"
+                which = "version" if len(s["damaged"]) == 1 else "versions"
+                versions += f" ({which} {format_versions(s['damaged'])} damaged)"
             table.add_row(s["name"], str(s["partition"]), versions, str(s["files"]), _human(s["bytes"]))
         con.print(table)
 
@@ -183,6 +185,10 @@ def _show_inspect(r: dict) -> None:
             where += f" [rows with pmod(hash, {f['modulus']}) = {f['residue']}]"
         chain.add_row(f["kind"], str(f["version"]), str(f["rows"]), _human(f["bytes"]), f["checksum"], where)
     con.print(chain)
+    if not r["rows"]:
+        con.print(f"no rows at batch {r['batch']}: this partition holds no key (spark-state ls shows each "
+                  f"partition's bytes; a key's partition is Spark's hash of it modulo the partition count)")
+        return
     rows = kg["rows_per_key_group"]
     con.print(f"rows per non-empty key group: min {rows['min']}, mean {rows['mean']:.1f}, max {rows['max']}")
     top = max((bk["rows"] for bk in kg["buckets"]), default=0) or 1
@@ -340,9 +346,38 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
-def _location(args) -> str | None:
-    """The location a command was given (the one a storage error is about)."""
-    return next((getattr(args, a) for a in ("location", "source", "checkpoint") if getattr(args, a, None)), None)
+def _location(args, err: BaseException | None = None) -> str | None:
+    """The location a storage error is about: the one the command reads; for an object store's credential or
+    connection error, the first object-store URL among the command's locations and its --conf values (an S3
+    target of a local checkpoint, an S3 checkpointRoot), since a local path needs no credentials."""
+    given = [getattr(args, a, None) for a in ("location", "source", "checkpoint", "target", "output")]
+    given += [v for item in (getattr(args, "conf", None) or []) for v in [item.partition("=")[2].strip()]]
+    given = [str(g) for g in given if g]
+    if err is not None:
+        from spark_state.lifecycle.failures import is_object_store_error
+
+        if is_object_store_error(err):
+            remote = [g for g in given if "://" in g and not g.lower().startswith(("file://", "local://"))]
+            if remote:
+                return remote[0]
+    return given[0] if given else None
+
+
+def _way_back_hint(args, err: BaseException) -> str:
+    """For a damaged file met on the way (a manifest that does not parse, a checksum): the command that names
+    every damaged file and the batch to go back to."""
+    from spark_state.errors import ChecksumMismatch
+
+    location = _location(args)
+    if not isinstance(err, ChecksumMismatch) or args.command == "validate" or not location:
+        return ""
+    try:
+        from spark_state.storage.directory import Dir
+
+        location = Dir(location).url
+    except Exception:  # noqa: BLE001 - the hint names the location as given
+        pass
+    return f" `spark-state validate {location}` names every damaged file and the batch to go back to."
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -355,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         from spark_state.lifecycle.failures import explain
 
-        message = explain(err, _location(args))
+        message = explain(err, _location(args, err)) + _way_back_hint(args, err)
         if args.json:
             print(json.dumps({"ok": False, "command": args.command, "kind": type(err).__name__, "error": message}))
         print(f"spark-state {args.command}: error: {_printable(message)}", file=sys.stderr)

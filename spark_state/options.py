@@ -124,6 +124,8 @@ class Settings:
     row_images: bool = True
     row_images_min_rows: int = DEFAULT_ROW_IMAGES_MIN_ROWS
     memory_limit: int | None = None   # None: the JVM's default, from Spark's memory model (DESCRIPTIONS)
+    row_image_range_reads: bool = False   # opt-in: a full scan right after a restore is slower (docs/large-state.md)
+    row_image_cache_size: int | None = None   # None: the JVM's default, from the local disk's free space
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> "Settings":
@@ -181,6 +183,8 @@ _SPECS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "rowImages": ("row_images", _bool),
     "rowImages.minRows": ("row_images_min_rows", lambda n, r: _positive_int(n, r, 0, MAX_MAX_PARALLELISM)),
     "memoryLimit": ("memory_limit", _size),
+    "rowImages.rangeReads": ("row_image_range_reads", _bool),
+    "rowImages.cacheSize": ("row_image_cache_size", _size),
 }
 
 #: Short option name -> its Settings field (the snake_case keyword of configure()).
@@ -213,6 +217,15 @@ DESCRIPTIONS = {
                     "buffers; e.g. 512m or 2g. Above it a store spills its rows to local disk. Default: half of the "
                     "user memory Spark's memory model leaves, 0.5 * (heap - 300 MiB) * (1 - spark.memory.fraction) "
                     "(145 MiB of a 1 GiB heap with the default fraction 0.6), computed by the JVM."),
+    "rowImages.rangeReads": ("On remote checkpoint storage (S3, GCS, ADLS, HDFS, ...), a restore reads the row "
+                             "image's index and the blocks its keys need by byte range, and fetches the rest into "
+                             "the executor's local cache in the background; false: it downloads the whole image "
+                             "before the first get. Local and NFS checkpoints are read in place either way. "
+                             "Default false: until a full scan right after a restore is as fast as after a "
+                             "download (docs/large-state.md, \"Restores on object storage\")."),
+    "rowImages.cacheSize": ("Local disk an executor may use for the blocks of remote row images, all its stores "
+                            "together (under spark.local.dir; least recently used images are evicted), e.g. 20g. "
+                            "Default: half of the free space of that disk when the executor first needs it."),
 }
 
 

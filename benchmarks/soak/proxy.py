@@ -11,6 +11,10 @@ so the fault schedule can raise it for a burst) it does one of:
 * ``slow``         forwards and sends the reply's body in small pieces with pauses;
 * ``drop``         closes the connection without a reply, before or after forwarding.
 
+``latency_s`` in the control file delays every forwarded request by that long (an object store's
+first-byte latency, for ``benchmarks.remote_restore``); the stats count the reply bytes sent, and
+``GET /__proxy_stats`` answers the counts at once.
+
 Every fault is appended to the log as one JSON line (time, kind, method, path), and the
 totals are rewritten to ``<log>.stats.json`` every few seconds, so the soak's report can
 count them even if this process is killed.
@@ -35,12 +39,13 @@ _HOP = frozenset({"connection", "keep-alive", "proxy-connection", "transfer-enco
 
 
 class Control:
-    """The fault settings, re-read from a JSON file when it changes: ``{"rate": 0.02, "stall_s": 20}``."""
+    """The fault settings, re-read from a JSON file when it changes: ``{"rate": 0.02, "stall_s": 20, "latency_s": 0.01}``."""
 
     def __init__(self, path: Path):
         self.path = path
         self._stamp = None
         self.rate, self.stall_s, self.mix = 0.0, 20.0, {k: 1.0 for k in KINDS}
+        self.latency_s = 0.0
 
     def refresh(self) -> None:
         try:
@@ -56,6 +61,7 @@ class Control:
         self._stamp = stamp
         self.rate = float(conf.get("rate", self.rate))
         self.stall_s = float(conf.get("stall_s", self.stall_s))
+        self.latency_s = float(conf.get("latency_s", self.latency_s))
         self.mix = {k: float(v) for k, v in conf.get("mix", self.mix).items() if k in KINDS}
 
 
@@ -68,11 +74,16 @@ class FaultLog:
         self._lock = threading.Lock()
         self._file = open(path, "a", buffering=1)
         self.requests = 0
+        self.bytes = 0
         self.faults = {k: 0 for k in KINDS}
 
     def request(self) -> None:
         with self._lock:
             self.requests += 1
+
+    def sent(self, n: int) -> None:
+        with self._lock:
+            self.bytes += n
 
     def fault(self, kind: str, method: str, path: str, detail: str = "") -> None:
         with self._lock:
@@ -82,7 +93,8 @@ class FaultLog:
 
     def write_stats(self) -> None:
         with self._lock:
-            body = json.dumps({"t": time.time(), "requests": self.requests, "faults": self.faults})
+            body = json.dumps({"t": time.time(), "requests": self.requests, "bytes": self.bytes,
+                               "faults": self.faults})
         tmp = self.stats_path.with_suffix(".tmp")
         tmp.write_text(body)
         tmp.replace(self.stats_path)
@@ -149,6 +161,11 @@ def make_handler(upstream: tuple[str, int], control: Control, log: FaultLog, rng
             self._send(status, [("Content-Type", "application/xml")], data)
 
         def _handle(self) -> None:
+            if self.path == "/__proxy_stats":   # the counts now (benchmarks), not a request to S3
+                with log._lock:
+                    data = json.dumps({"requests": log.requests, "bytes": log.bytes}).encode()
+                self._send(200, [("Content-Type", "application/json")], data)
+                return
             log.request()
             body = self._body()
             kind, after = draw()
@@ -162,7 +179,11 @@ def make_handler(upstream: tuple[str, int], control: Control, log: FaultLog, rng
                     if kind == "stall":
                         time.sleep(control.stall_s)
                     raise Dropped
+                if control.latency_s > 0:
+                    time.sleep(control.latency_s)
                 status, headers, data = self._forward(body)
+                if self.command != "HEAD":
+                    log.sent(len(data))
                 if kind == "error-after":
                     self._error(500, "InternalError")
                     return

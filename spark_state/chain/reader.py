@@ -26,7 +26,7 @@ from spark_state.chain.context import StoreContext
 from spark_state.chain.merge import fold_changes, in_key_group_order, merge_chain
 from spark_state.chain.references import Siblings
 from spark_state.errors import SparkStateError, StorageError, VersionNotFound
-from spark_state.format import datafile
+from spark_state.format import datafile, rowimage
 from spark_state.format.manifest import SNAPSHOT, CompactionRecord, FileEntry, ImageEntry, Manifest
 from spark_state.format.tables import empty_table
 from spark_state.keygroups import as_key_group_array, check_same_max_parallelism, filter_residue, slice_key_groups
@@ -78,12 +78,21 @@ class VersionView:
 @dataclass(frozen=True)
 class ImageFile:
     """A row image where the JVM can open it: the checkpoint's own file on a local disk, or a copy the worker
-    downloaded (``temporary``: the JVM deletes it once it has it open)."""
+    downloaded (``temporary``: the JVM deletes it once it has it open); or, read by byte ranges from remote
+    storage (``tail`` set, ``path`` None), its path in the store (``file``) and the bytes a reader needs before
+    its first lookup (``rowimage.Tail``): the JVM fetches blocks as it needs them (request ``fetch``)."""
 
-    path: str
+    path: str | None
     rows: int
     size: int
     temporary: bool
+    file: str | None = None
+    checksum: str | None = None
+    tail: rowimage.Tail | None = None
+
+    @property
+    def remote(self) -> bool:
+        return self.tail is not None
 
 
 @dataclass(frozen=True)
@@ -191,11 +200,15 @@ class ChainReader:
         finally:
             locks.unpin(f.path for f in chain)
 
-    def load_lazy(self, version: int, known_commit_id: str | None = None, *, cache_dir: str) -> Loaded:
+    def load_lazy(self, version: int, known_commit_id: str | None = None, *, cache_dir: str,
+                  ranges: bool = False) -> Loaded:
         """`version` for a reader that looks keys up in row images: when its chain starts with a snapshot
-        that has one, that image (opened where it is on a local disk, else copied into `cache_dir`) and only
-        the changes after it; else every row, as ``load_checked``. An image that is missing or not the size
-        its entry says costs only the laziness: the rows are loaded instead (the image is never the truth).
+        that has one, that image and only the changes after it; else every row, as ``load_checked``. The image
+        is opened where it is on a local disk; on remote storage, with ``ranges`` (a reader that fetches blocks
+        by byte range, and the option ``rowImages.rangeReads``), named with its tail (``rowimage.read_tail``,
+        read while the changes are), else copied whole into `cache_dir`. An image that is missing, damaged or
+        not the size its entry says costs only the laziness: the rows are loaded instead (the image is never
+        the truth).
         """
         if version <= 0:
             return self.load_checked(version, known_commit_id)
@@ -214,18 +227,54 @@ class ChainReader:
             return self.load_checked(version, known_commit_id, ordered=False)
         try:
             self.check_parallelism(view.manifest)
-            image = self._image_file(base.image, cache_dir)
+            remote = ranges and self.ctx.settings.row_image_range_reads and self.ctx.storage.local_path(
+                base.image.path) is None
+            if remote:   # the tail and the changes at once: one round trip of the storage, not two
+                pending = _read_pool().submit(self._image_tail, base.image)
+                try:
+                    changes = self._changes(version, chain)
+                finally:
+                    image = pending.result()
+            else:
+                image = self._image_file(base.image, cache_dir)
+                if image is not None:
+                    changes = self._changes(version, chain)
             if image is None:
                 return self.load_checked(version, known_commit_id, ordered=False)
-            try:
-                changes = fold_changes(self.read_chain(chain[1:], None))
-            except StorageError:
-                self._raise_if_dropped(version)
-                raise
             return Loaded(changes, view.manifest.commit_id, image, base.file_format, view.keys)
         finally:
             locks.unpin(f.path for f in chain[1:])
             locks.unpin(base.paths)
+
+    def _changes(self, version: int, chain) -> pa.Table | None:
+        """The changes after a chain's snapshot, each key's last write (``fold_changes``)."""
+        try:
+            return fold_changes(self.read_chain(chain[1:], None))
+        except StorageError:
+            self._raise_if_dropped(version)
+            raise
+
+    def _image_tail(self, image: ImageEntry) -> ImageFile | None:
+        """A remote image named for range reads, with its tail; None (logged) when it cannot be used."""
+        storage = self.ctx.storage
+        name = f"{storage.root}/{image.path}"
+        try:
+            tail = rowimage.read_tail(lambda r: storage.read_ranges(image.path, r), name, image.size, image.rows)
+        except (OSError, SparkStateError) as err:
+            log.warning("row image %s of %s cannot be used (%s); loading the rows instead", name, self.ctx.name, err)
+            return None
+        return ImageFile(None, image.rows, image.size, False, file=image.path, checksum=image.checksum, tail=tail)
+
+    def fetch(self, path: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """Byte ranges of one of this store's files, for a reader of a remote row image (request ``fetch``):
+        exactly the bytes asked for (a short range is a StorageError: the file is not the one named)."""
+        storage = self.ctx.storage
+        chunks = storage.read_ranges(path, ranges)
+        for (start, end), chunk in zip(ranges, chunks):
+            if len(chunk) != end - start:
+                raise StorageError(f"{storage.root}/{path} has no bytes {start}..{end} (got {len(chunk)}): it is "
+                                   f"shorter than the manifest that names it says; it was truncated or replaced.")
+        return chunks
 
     def _image_file(self, image: ImageEntry, cache_dir: str) -> ImageFile | None:
         storage = self.ctx.storage
@@ -278,7 +327,7 @@ class ChainReader:
         verify = settings.verify_checksums
         name = f"{storage.root}/{entry.path}"
         if key_groups is None:
-            data = storage.read_file(entry.path)
+            data = storage.read_file(entry.path, entry.size)
             if verify:
                 datafile.check_whole(data, name, entry.size, entry.checksum)
             return datafile.decode(data, name, settings.max_parallelism, verified=verify)

@@ -154,10 +154,12 @@ class VersionedStore:
         """`version` with its commit id, read fresh from storage; no rows when it is still `known_commit_id`."""
         return self.reader.load_checked(version, known_commit_id, key_groups=key_groups, ordered=ordered)
 
-    def load_lazy(self, version: int, known_commit_id: str | None = None, *, cache_dir: str) -> Loaded:
+    def load_lazy(self, version: int, known_commit_id: str | None = None, *, cache_dir: str,
+                  ranges: bool = False) -> Loaded:
         """`version` for a reader that looks keys up in row images: the image and the changes after it when the
-        chain has one, else every row (``ChainReader.load_lazy``)."""
-        return self.reader.load_lazy(version, known_commit_id, cache_dir=cache_dir)
+        chain has one, else every row (``ChainReader.load_lazy``; ``ranges``: the reader fetches a remote image's
+        blocks by byte range)."""
+        return self.reader.load_lazy(version, known_commit_id, cache_dir=cache_dir, ranges=ranges)
 
     def versions(self) -> list[int]:
         return self.reader.versions()

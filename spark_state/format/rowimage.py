@@ -65,7 +65,7 @@ import zstandard
 from spark_state.errors import ChecksumMismatch, FormatVersionError
 from spark_state.format import tables, unsaferow
 from spark_state.format.datafile import crc32_hex
-from spark_state.format.keyfilter import MAX_K, KeyFilter
+from spark_state.format.keyfilter import MAX_K, KeyFilter, words_for
 
 MAGIC = b"SPKSTRI"
 #: The format version this code writes, and the newest it reads (1: no key filter).
@@ -600,3 +600,81 @@ def lookup(source, kg: int, h: int, key: bytes, *, name: str = "row image", size
            verify: bool = True):
     """``RowImage(source, name, size=size).lookup(kg, h, key)`` for a one-off lookup."""
     return RowImage(source, name, size=size, verify=verify).lookup(kg, h, key)
+
+
+#: A remote image's index is fetched with its trailer in one round trip from a guess of where it starts: at
+#: most one block index entry per this many bytes of blocks (a stored 16 KiB block below 2 KiB is rare; a
+#: smaller one costs a second round trip, never a wrong answer).
+MIN_STORED_BLOCK_GUESS = 2048
+
+
+@dataclass(frozen=True)
+class Tail:
+    """What a reader needs of an image before its first lookup, by byte range: the block index, and the
+    filter header (when there is a filter) with the trailer. Not the blocks, not the filter's words."""
+
+    ranges: tuple[tuple[int, int], ...]   # [start, end) in the file: the index, then the end of the file
+    data: tuple[bytes, ...]
+    blocks: int
+    filter_words: int
+
+    @property
+    def size(self) -> int:
+        return sum(len(d) for d in self.data)
+
+
+def read_tail(fetch: Callable[[list[tuple[int, int]]], list], name: str, size: int, rows: int) -> Tail:
+    """The tail of an image of ``size`` bytes and ``rows`` records (its manifest entry says both) read by byte
+    ranges through ``fetch`` (``CheckpointStorage.read_ranges``), in one round trip when the guess of where
+    the index starts holds (see MIN_STORED_BLOCK_GUESS): the trailer with the filter header, and the bytes
+    before the filter a writer of ``rows`` records leaves (``keyfilter``'s size). Trailer, sizes and index
+    CRC are checked as ``RowImage`` checks them (ChecksumMismatch, FormatVersionError)."""
+    end_bytes = min(size, TRAILER_BYTES + FILTER_HEADER_BYTES)
+    if size < TRAILER_BYTES:
+        raise _corrupt(name, f"has {size} bytes, fewer than its {TRAILER_BYTES}-byte trailer")
+    filter_guess = 8 * words_for(rows) + FILTER_HEADER_BYTES
+    index_end_guess = size - TRAILER_BYTES - filter_guess
+    blocks_guess = max(1, min(rows, -(-max(index_end_guess, 0) // MIN_STORED_BLOCK_GUESS)))
+    index_start_guess = max(0, index_end_guess - INDEX_ENTRY.itemsize * blocks_guess)
+    ranges = [(size - end_bytes, size)]
+    if index_end_guess > index_start_guess:
+        ranges.insert(0, (index_start_guess, index_end_guess))
+    got = dict(zip(ranges, _checked(fetch, ranges, name)))
+    end = got[(size - end_bytes, size)]
+    index_offset, _rows, blocks, index_crc, codec, flags, magic, version = _TRAILER.unpack(end[-TRAILER_BYTES:])
+    if magic != MAGIC:
+        raise _corrupt(name, "does not end with the row image magic")
+    if version > VERSION:
+        raise FormatVersionError(f"row image {name} has format version {version}, newer than the {VERSION} "
+                                 f"this spark_state reads; upgrade spark_state on the executors.")
+    if version < 1 or codec not in (RAW, ZSTD) or flags & ~_FLAGS[version]:
+        raise _corrupt(name, f"has format version {version}, codec {codec} and flags {flags:#x}, which no writer made")
+    words = 0
+    if flags & FILTER:
+        if len(end) < TRAILER_BYTES + FILTER_HEADER_BYTES:
+            raise _corrupt(name, f"has {size} bytes, too few for its trailer and filter header")
+        words = _FILTER_HEADER.unpack(end[:FILTER_HEADER_BYTES])[0]
+    head = TRAILER_BYTES + (FILTER_HEADER_BYTES if flags & FILTER else 0)
+    index_end = index_offset + INDEX_ENTRY.itemsize * blocks
+    if words < 0 or index_end + (8 * words + FILTER_HEADER_BYTES if flags & FILTER else 0) + TRAILER_BYTES != size:
+        raise _corrupt(name, f"has {size} bytes, but its trailer puts {blocks} index entries at byte {index_offset}")
+    index = b""
+    if blocks:
+        start, stop = ranges[0] if len(ranges) == 2 else (size, size)
+        if start <= index_offset and index_end == stop:
+            index = bytes(memoryview(got[ranges[0]])[index_offset - start:])
+        else:   # the guess missed: one more round trip for exactly the index
+            (index,) = _checked(fetch, [(index_offset, index_end)], name)
+            index = bytes(index)
+    if zlib.crc32(index) != index_crc:
+        raise _corrupt(name, "has a block index whose CRC-32 does not match its trailer")
+    return Tail(ranges=((index_offset, index_end), (size - head, size)), data=(index, bytes(end[-head:])),
+                blocks=blocks, filter_words=words)
+
+
+def _checked(fetch, ranges, name: str) -> list:
+    chunks = fetch(ranges)
+    for (a, b), chunk in zip(ranges, chunks):
+        if len(chunk) != b - a:
+            raise _corrupt(name, f"is truncated: bytes {a}..{b} gave {len(chunk)}")
+    return chunks

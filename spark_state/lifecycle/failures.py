@@ -38,6 +38,12 @@ def _from_spark(err: BaseException) -> bool:
     return type(err).__module__.split(".")[0] in ("pyspark", "py4j")
 
 
+def is_object_store_error(err: BaseException) -> bool:
+    """A credential or connection error of an object store's client (which location it is about is the caller's
+    to say: a local path raises neither)."""
+    return bool(_names(err) & (CREDENTIAL_ERRORS | CONNECTION_ERRORS))
+
+
 def explain(err: Exception, location: str | None = None) -> str:
     """One line: what went wrong and what to do. `location` is the one the command was given."""
     where = f" {location}" if location else ""
@@ -45,7 +51,7 @@ def explain(err: Exception, location: str | None = None) -> str:
     if isinstance(err, SparkStateError):
         return str(err)
     if names & CREDENTIAL_ERRORS:
-        return f"no credentials to read{where} ({type(err).__name__}: {err}); {_credentials_fix(location)}."
+        return f"no credentials to reach{where} ({type(err).__name__}: {err}); {_credentials_fix(location)}."
     if names & CONNECTION_ERRORS:
         return (f"cannot reach the storage of{where} ({type(err).__name__}: {err}); check the network and the "
                 f"endpoint (e.g. AWS_ENDPOINT_URL for an S3-compatible store).")
@@ -53,7 +59,7 @@ def explain(err: Exception, location: str | None = None) -> str:
         return _file_system(err, location)
     if _from_spark(err):
         return spark_failure(err)
-    return (f"unexpected {type(err).__name__}: {err}. This is a bug in spark_state: please report it with the "
+    return (f"unexpected {type(err).__name__}: {_reason(err)}. This is a bug in spark_state: please report it with the "
             f"output of the same command run with --traceback.")
 
 
@@ -64,8 +70,21 @@ def _credentials_fix(location: str | None) -> str:
     return "for an object store, set the credentials its client reads (e.g. AWS_ACCESS_KEY_ID for s3://)"
 
 
+#: How long the reason of an error from below may be in the one line (a client's error can be pages long).
+REASON_CHARS = 300
+
+
+def _reason(text: str) -> str:
+    """The first line of an error from below, cut to REASON_CHARS."""
+    first = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+    return first if len(first) <= REASON_CHARS else first[:REASON_CHARS] + "..."
+
+
 def _file_system(err: OSError, location: str | None) -> str:
-    path = err.filename or (err.args[0] if len(err.args) == 1 and isinstance(err.args[0], str) else None) or location
+    named = err.args[0] if len(err.args) == 1 and isinstance(err.args[0], str) else None
+    if named is not None and ("\n" in named or " " in named.strip() and "/" not in named.split(" ", 1)[0]):
+        named = None  # a message (pyarrow's HDFS client: "Unable to load libjvm\n..."), not a path
+    path = err.filename or named or location
     if isinstance(err, FileNotFoundError):
         return f"{path} does not exist; check the path (a checkpoint is the query's checkpointLocation)."
     if isinstance(err, NotADirectoryError):
@@ -76,7 +95,11 @@ def _file_system(err: OSError, location: str | None) -> str:
     if isinstance(err, PermissionError):
         return (f"permission denied on {path} ({err.strerror or err}); run as a user who may read it (and write, "
                 f"for commands that write), or fix its permissions; {_credentials_fix(location)}.")
-    return f"cannot access {path}: {err.strerror or err}."
+    reason = _reason(err.strerror or err)
+    if location and location.lower().startswith(("hdfs://", "viewfs://")) and "libjvm" in str(err):
+        return (f"cannot access {path}: {reason} fsspec reads HDFS through pyarrow, which needs a JVM and the "
+                f"Hadoop client: set JAVA_HOME, HADOOP_HOME and CLASSPATH=$($HADOOP_HOME/bin/hadoop classpath --glob).")
+    return f"cannot access {path}: {reason}."
 
 
 def spark_failure(err: BaseException) -> str:

@@ -60,6 +60,13 @@ def store_health(sid: StoreId, root: str, root_of: Callable[[StoreId], str], lis
     return health
 
 
+def missing_file(sid: StoreId, root: str, root_of: Callable[[StoreId], str], listing: Listings,
+                 entries) -> str | None:
+    """The first file of `entries` (a chain of the store `sid` at `root`) that is not where the chain says at
+    the size it records, as a sentence; None when every one is there."""
+    return _Chain(sid, root, root_of, listing).missing(entries)
+
+
 def _manifest_version(rel: str) -> int | None:
     head, _, rest = rel.partition("/")
     if rest != MANIFEST_NAME or not head.startswith("chk-") or not head[4:].isdigit():

@@ -45,6 +45,7 @@ from spark_state.chain.references import Reference, write_reference
 from spark_state.errors import CheckpointError, SparkStateError
 from spark_state.format.manifest import FileEntry, Manifest
 from spark_state.keygroups import combine_residues, read_plan
+from spark_state.lifecycle.health import listings, missing_file
 from spark_state.lifecycle.progress import Progress
 from spark_state.options import PREFIX, Settings, settings_from
 from spark_state.spark.checkpoint import SparkCheckpoint
@@ -193,6 +194,16 @@ def rescale(checkpoint_location: str, num_partitions: int, *, options: Mapping[s
             sources.setdefault((sid.operator, sid.name), {})[sid.partition] = source_manifest(ckpt.store(sid),
                                                                                              committed + 1)
             task.advance()
+    listing = listings()
+    for (op, name), by_partition in sources.items():
+        for p, manifest in sorted(by_partition.items()):
+            sid = StoreId(op, p, name)
+            why = missing_file(sid, ckpt.store_root(sid), ckpt.store_root, listing, manifest.files)
+            if why is not None:
+                raise CheckpointError(
+                    f"the state of batch {committed} cannot load: {why}. A rescale would carry that into every "
+                    f"new partition; `spark-state validate {ckpt.url}` names every damaged file and the batch to "
+                    f"go back to (spark-state restore --batch N into a new location, then rescale that).")
     for (op, name), by_partition in sources.items():
         ms = {m.max_parallelism for m in by_partition.values()}
         if len(ms) != 1:

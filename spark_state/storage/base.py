@@ -100,8 +100,8 @@ class CheckpointStorage(ABC):
         return self.read_manifest(version), self.read_record(version, COMPACTION_NAME)
 
     @abstractmethod
-    def read_file(self, path: str) -> bytes:
-        """A whole data file."""
+    def read_file(self, path: str, size: int | None = None) -> bytes:
+        """A whole data file (``size``: what its manifest entry says it has, when the caller knows)."""
 
     @abstractmethod
     def read_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:

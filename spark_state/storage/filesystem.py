@@ -21,7 +21,7 @@ import fsspec
 from spark_state.errors import StorageError, StoreDeleted
 from spark_state.storage import atomic
 from spark_state.storage.base import CheckpointStorage, DataFileWriter
-from spark_state.storage.layout import MANIFEST_NAME, SHARED_DIR, record_path, version_dir_of
+from spark_state.storage.layout import COMPACTION_NAME, MANIFEST_NAME, SHARED_DIR, record_path, version_dir_of
 
 log = logging.getLogger(__name__)
 
@@ -183,11 +183,41 @@ class FileSystemCheckpointStorage(CheckpointStorage):
 
     # ------------------------------------------------------------- reading
 
+    def read_version(self, version: int) -> tuple[bytes, bytes | None]:
+        """Manifest and compaction record in one round trip on remote storage (both requests at once)."""
+        if self._local:
+            return super().read_version(version)
+        from spark_state.storage.reads import read_pool
+
+        record = read_pool().submit(self.read_record, version, COMPACTION_NAME)
+        try:
+            manifest = self.read_manifest(version)
+        finally:
+            compaction = record.result()
+        return manifest, compaction
+
     def read_record(self, version: int, name: str) -> bytes | None:
         try:
-            return self.fs.cat_file(self._full(record_path(version, name)))
+            return self._cat(self._full(record_path(version, name)))
         except FileNotFoundError:
             return None
+
+    #: Files up to this size are read from an object store in one request (see _cat).
+    ONE_REQUEST_BYTES = 16 << 20
+
+    def _cat(self, full: str, size: int | None = None) -> bytes:
+        """A whole file. On an object store a file that is not known to be large is read as the range from
+        byte 0: one GET, where s3fs asks for the object's size first (a HEAD, and on a missing object a
+        listing too) to split a large one into concurrent parts. (S3 refuses the range of an empty object:
+        that one is read again the usual way.)"""
+        if self._object_store and (size is None or 0 < size <= self.ONE_REQUEST_BYTES):
+            try:
+                return self.fs.cat_file(full, start=0)
+            except FileNotFoundError:
+                raise
+            except OSError:
+                pass
+        return self.fs.cat_file(full)
 
     def _missing(self, path: str) -> StorageError:
         return StorageError(
@@ -195,9 +225,9 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             f"spark_state deleted it. Restore an older version or start from a new checkpoint."
         )
 
-    def read_file(self, path: str) -> bytes:
+    def read_file(self, path: str, size: int | None = None) -> bytes:
         try:
-            return self.fs.cat_file(self._full(path))
+            return self._cat(self._full(path), size)
         except FileNotFoundError:
             raise self._missing(path) from None
 
@@ -223,6 +253,11 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             except FileNotFoundError:
                 raise self._missing(path) from None
         try:
+            if len(ranges) > 1 and not getattr(self.fs, "async_impl", False):
+                # a blocking filesystem (HDFS, sftp, ...) reads ranges one after the other: read them at once
+                from spark_state.storage.reads import read_pool
+
+                return list(read_pool().map(lambda r: self.fs.cat_file(full, r[0], r[1]), ranges))
             return self.fs.cat_ranges([full] * len(ranges), [r[0] for r in ranges], [r[1] for r in ranges],
                                       on_error="raise")
         except FileNotFoundError:

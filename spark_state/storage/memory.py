@@ -126,7 +126,7 @@ class MemoryCheckpointStorage(CheckpointStorage):
             )
         return data
 
-    def read_file(self, path: str) -> bytes:
+    def read_file(self, path: str, size: int | None = None) -> bytes:
         return self._data(path)
 
     def read_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:

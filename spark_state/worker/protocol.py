@@ -69,12 +69,13 @@ def read_frame(stream: BinaryIO, *, max_header: int = MAX_HEADER,
     return header, body
 
 
-def write_frame(stream: BinaryIO, header: dict, body: "bytes | memoryview | pa.Buffer | IpcBody" = b"") -> None:
+def write_frame(stream: BinaryIO, header: dict,
+                body: "bytes | memoryview | pa.Buffer | IpcBody | Pieces" = b"") -> None:
     encoded = json.dumps(header, separators=(",", ":")).encode()
     stream.write(_U32.pack(len(encoded)))
     stream.write(encoded)
     stream.write(_U64.pack(len(body)))
-    if isinstance(body, IpcBody):
+    if isinstance(body, (IpcBody, Pieces)):
         body.write_to(stream)
     elif len(body):
         stream.write(body)
@@ -130,6 +131,26 @@ class IpcBody:
                 writer.write_batch(batch)
         if counted.written != self._size:   # the peer waits for exactly the announced bytes
             raise ProtocolError(f"reply body is {counted.written} bytes, its frame announced {self._size}")
+
+
+class Pieces:
+    """A reply body of byte strings one after the other, then optionally an Arrow stream (``IpcBody``): the
+    bytes of the ranges a ``fetch`` asked for, or a ``load``'s image tail before its changes. Written as they
+    are, never joined into one copy."""
+
+    def __init__(self, parts, ipc: IpcBody | None = None):
+        self.parts = [memoryview(p).cast("B") for p in parts]
+        self.ipc = ipc
+        self._size = sum(p.nbytes for p in self.parts) + (len(ipc) if ipc is not None else 0)
+
+    def __len__(self) -> int:
+        return self._size
+
+    def write_to(self, stream: BinaryIO) -> None:
+        for part in self.parts:
+            stream.write(part)
+        if self.ipc is not None:
+            self.ipc.write_to(stream)
 
 
 class _Bounded:

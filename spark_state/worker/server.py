@@ -27,7 +27,7 @@ from spark_state.options import Settings
 from spark_state.worker.background import BackgroundWork
 from spark_state.worker.streams import StreamRegistry
 from spark_state.worker.protocol import (
-    HELLO_MAX_HEADER, PROTOCOL_VERSION, IpcBody, ipc_to_table, read_frame, write_frame,
+    HELLO_MAX_HEADER, PROTOCOL_VERSION, IpcBody, Pieces, ipc_to_table, read_frame, write_frame,
 )
 
 log = logging.getLogger("spark_state.worker")
@@ -139,7 +139,7 @@ class Dispatcher:
     def op_validate(self, header, body):
         """Checks a set of options; answers what the shim needs of them in the one parser there is."""
         settings = settings_of(header)
-        return {"ok": True, "memoryLimit": settings.memory_limit}, b""
+        return {"ok": True, "memoryLimit": settings.memory_limit, "imageCacheSize": settings.row_image_cache_size}, b""
 
     def _store(self, header):
         from spark_state.chain import open_store
@@ -185,14 +185,16 @@ class Dispatcher:
         serialised onto the socket as it drains (IpcBody), so the JVM decodes while the worker writes.
 
         ``images: true`` (a shim that looks keys up in row images): when the version's chain has one, the reply
-        names the image file and the rows are only the changes after it, deletes kept (``image``). ``keys``: the
-        version's exact key count when known without walking the state (absent otherwise)."""
+        names the image and the rows are only the changes after it, deletes kept (``image``): a local file, or
+        with ``ranges: true`` (the shim fetches blocks with ``fetch``) an image on remote storage, named by its
+        path in the store, the body starting with its tail (docs/protocol.md, "Row images on remote storage").
+        ``keys``: the version's exact key count when known without walking the state (absent otherwise)."""
         version = _int_field(header, "version")
         known = header.get("commitId")
         known = str(known) if known else None
         store = self._store(header)
         if header.get("images"):
-            loaded = store.load_lazy(version, known, cache_dir=self.cache_dir)
+            loaded = store.load_lazy(version, known, cache_dir=self.cache_dir, ranges=bool(header.get("ranges")))
         else:
             loaded = store.load_checked(version, known, ordered=False)
         keys = {} if loaded.keys is None else {"keys": loaded.keys}
@@ -200,11 +202,43 @@ class Dispatcher:
             return {"ok": True, "unchanged": True, "commitId": loaded.commit_id, **keys}, b""
         reply = {"ok": True, "rows": 0 if loaded.table is None else loaded.table.num_rows,
                  "commitId": loaded.commit_id, **keys}
-        if loaded.image is not None:
-            image = loaded.image
-            reply["image"] = {"path": image.path, "rows": image.rows, "size": image.size,
-                              "temporary": image.temporary, "fileFormat": int(loaded.file_format)}
-        return reply, (b"" if loaded.table is None else IpcBody(loaded.table))
+        rows = None if loaded.table is None else IpcBody(loaded.table)
+        if loaded.image is None:
+            return reply, (b"" if rows is None else rows)
+        image = loaded.image
+        reply["image"] = {"rows": image.rows, "size": image.size, "fileFormat": int(loaded.file_format)}
+        if not image.remote:
+            reply["image"].update(path=image.path, temporary=image.temporary)
+            return reply, (b"" if rows is None else rows)
+        tail = image.tail
+        reply["image"].update(file=image.file, id=f"{store.storage.root}/{image.file}", checksum=image.checksum,
+                              tail=[list(r) for r in tail.ranges])
+        return reply, Pieces(tail.data, rows)
+
+    #: A fetch asks for at most this many ranges and bytes: a filler's request is a few MiB.
+    FETCH_MAX_RANGES = 4096
+    FETCH_MAX_BYTES = 256 << 20
+
+    def op_fetch(self, header, body):
+        """Byte ranges of a file of the store (a remote row image the shim reads by range): the body is their
+        bytes one after the other, ``lengths`` says how many each has (exactly what was asked for)."""
+        path = header.get("file")
+        if not isinstance(path, str) or not path or path.startswith("/") or "\\" in path \
+                or any(part in ("", ".", "..") for part in path.split("/")):
+            raise ProtocolError(f"request 'fetch' needs a 'file' relative to the store's root, got {path!r}")
+        ranges = header.get("ranges")
+        if not isinstance(ranges, list) or not 0 < len(ranges) <= self.FETCH_MAX_RANGES:
+            raise ProtocolError(f"request 'fetch' needs 1 to {self.FETCH_MAX_RANGES} 'ranges'")
+        checked = []
+        for r in ranges:
+            if not (isinstance(r, list) and len(r) == 2 and all(type(v) is int for v in r) and 0 <= r[0] < r[1]):
+                raise ProtocolError(f"request 'fetch': a range is [start, end) with 0 <= start < end, got {r!r}")
+            checked.append((r[0], r[1]))
+        total = sum(b - a for a, b in checked)
+        if total > self.FETCH_MAX_BYTES:
+            raise ProtocolError(f"request 'fetch' asks for {total} bytes, more than {self.FETCH_MAX_BYTES} at once")
+        chunks = self._store(header).reader.fetch(path, checked)
+        return {"ok": True, "lengths": [len(c) for c in chunks]}, Pieces(chunks)
 
     def op_changes(self, header, body):
         """The changes `version`'s commit recorded (deletes as null values), for Spark's change feed. With

@@ -423,11 +423,11 @@ def test_a_long_chain_on_remote_storage_is_read_several_files_at_once_in_order(m
         gate = threading.Barrier(2, timeout=10)   # two reads must be under way at once to pass it
         read_file = store.storage.read_file
 
-        def watched(path):
+        def watched(path, size=None):
             threads.add(threading.current_thread().name)
             if path.endswith(".arrow") and ("v0000000002-" in path or "v0000000003-" in path):
                 gate.wait()
-            return read_file(path)
+            return read_file(path, size)
 
         monkeypatch.setattr(store.storage, "read_file", watched)
         assert checked_dict(store.load(20)) == model
@@ -437,8 +437,8 @@ def test_a_long_chain_on_remote_storage_is_read_several_files_at_once_in_order(m
         assert checked_dict(store.load(20)) == model
         store.storage.remote = True
         monkeypatch.setattr(store.storage, "read_file",
-                            lambda path: (_ for _ in ()).throw(OSError(5, "injected")) if "v0000000007-" in path
-                            else read_file(path))
+                            lambda path, size=None: (_ for _ in ()).throw(OSError(5, "injected"))
+                            if "v0000000007-" in path else read_file(path, size))
         with pytest.raises(OSError, match="injected"):
             store.load(20)
         assert reader.READ_AHEAD > 1

@@ -70,3 +70,16 @@ def test_reading_state_says_how_to_install_what_its_examples_use():
     page = (ROOT / "docs" / "reading-state.md").read_text()
     assert "pip install 'spark_state[read]'" in page
     assert "value.sum" in page and "not the query's" in page
+
+
+def test_operating_lists_every_command_of_spark_state():
+    """docs/operating.md's table of the ``spark-state`` command names every subcommand the CLI has."""
+    from spark_state.cli import _parser
+
+    commands = next(a for a in _parser()._actions if a.dest == "command").choices
+    text = (ROOT / "docs" / "operating.md").read_text()
+    missing = [c for c in commands if not re.search(rf"^spark-state {c}\s", text, re.M)]
+    assert missing == [], f"docs/operating.md does not list spark-state {missing}"
+    for page in (ROOT / "README.md", ROOT / "docs" / "index.md"):
+        [tools] = re.findall(r"`spark-state ([a-z /]+)`", page.read_text())
+        assert set(tools.split(" / ")) == set(commands), f"{page.name}'s Tools row: {tools}"

@@ -70,6 +70,27 @@ def test_s3_without_credentials_says_how_to_give_them(tmp_path):
     assert code == 2 and not out["ok"] and out["kind"] == "NoCredentialsError"
 
 
+def _no_aws_credentials(tmp_path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"),
+               AWS_EC2_METADATA_DISABLED="true", AWS_DEFAULT_REGION="us-east-1")
+    return env
+
+
+@pytest.mark.parametrize("command", [["restore", "{ckpt}", "s3://some-bucket/new"],
+                                     ["savepoint", "{ckpt}", "--target", "s3://some-bucket/new"],
+                                     ["export", "{ckpt}", "s3://some-bucket/new"],
+                                     ["ls", "{ckpt}", "--conf",
+                                      "spark.sql.streaming.stateStore.sparkState.checkpointRoot=s3://some-bucket/new"]])
+def test_missing_credentials_name_the_object_store_location_not_the_local_one(ckpt, tmp_path, command):
+    """A local checkpoint, an S3 target (or checkpointRoot) and no credentials: the line names the S3 location
+    and its credentials, not the local checkpoint, which the command could read."""
+    args = [a.format(ckpt=ckpt) for a in command]
+    line = _one_line_error(cli(*args, check=False, env=_no_aws_credentials(tmp_path)))
+    assert "no credentials" in line and "s3://some-bucket/new" in line and "AWS_ACCESS_KEY_ID" in line, line
+    assert str(ckpt) not in line, line
+
+
 def test_a_directory_it_may_not_read_is_named_and_ls_lists_the_rest(ckpt):
     locked = ckpt / "state" / "0" / "0"
     locked.chmod(0)
@@ -96,7 +117,10 @@ def test_a_garbage_manifest_marks_its_batch_and_validate_names_the_way_back(ckpt
     assert [d["batch"] for d in out["batches"]["damaged"]] == [3]
     assert "chk-4/_metadata" in out["batches"]["damaged"][0]["reason"]
     assert out["operators"][0]["partitions"][0]["damaged"] == [4]
-    assert "damaged: 3" in cli("ls", ckpt).stdout
+    text = cli("ls", ckpt).stdout
+    assert "damaged: 3" in text
+    # The store's row says which versions are damaged, not a count that reads like one ("1-4 (4 damaged)").
+    assert "1-4 (version 4 damaged)" in text, text
     done = cli("validate", ckpt, check=False)
     assert done.returncode == 1
     assert "they affect batch 3 " in done.stdout
@@ -139,3 +163,45 @@ def test_ls_shows_what_it_can_when_spark_logs_are_garbage(ckpt):
     text = cli("ls", ckpt).stdout
     assert "query (unreadable)" in text and f"unreadable: file://{ckpt}/offsets/1" in text
     assert json.loads(cli("validate", ckpt, "--json", check=False).stdout)["affected_batches"] == [1]
+
+
+@pytest.mark.parametrize("command", [["restore", "{ckpt}", "{out}"], ["export", "{ckpt}", "{out}"],
+                                     ["savepoint", "{ckpt}", "--target", "{out}"], ["rescale", "{ckpt}", "3"],
+                                     ["inspect", "{ckpt}", "-o", "0", "-p", "0"]])
+def test_a_garbage_manifest_stops_a_command_with_the_way_to_find_the_batch_to_go_back_to(ckpt, tmp_path, command):
+    (ckpt / "state" / "0" / "0" / "chk-4" / "_metadata").write_bytes(b"\x00garbage")
+    line = _one_line_error(cli(*[a.format(ckpt=ckpt, out=tmp_path / "out") for a in command], check=False))
+    assert "chk-4/_metadata" in line and f"spark-state validate file://{ckpt}" in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_rescale_refuses_a_last_batch_whose_state_cannot_load_and_writes_nothing(ckpt):
+    """Rescale writes only metadata: on a missing data file it would commit a batch whose state cannot load,
+    and the query would fail only when it restarts."""
+    (delta,) = (ckpt / "state" / "0" / "1" / "shared").glob("v0000000003-delta-*.arrow")
+    delta.unlink()
+    before = sorted(p.relative_to(ckpt) for p in ckpt.rglob("*"))
+    line = _one_line_error(cli("rescale", ckpt, "3", check=False))
+    assert f"{delta.name} is missing" in line and "batch 3" in line and "spark-state validate" in line, line
+    assert sorted(p.relative_to(ckpt) for p in ckpt.rglob("*")) == before, "a refused rescale wrote something"
+
+
+def test_help_reads_as_plain_text():
+    """--help shows the module docstring: without its reST markup (``--json``) on a terminal."""
+    done = cli("--help")
+    assert "``" not in done.stdout, done.stdout
+    assert "spark-state: operate on spark_state checkpoints" in done.stdout and "--json (one JSON document" in done.stdout
+
+
+def test_inspect_of_an_empty_partition_says_so_instead_of_a_histogram_of_zeros(capsys):
+    """A small query's partition often holds no key (the one-minute example: 2 keys, 4 partitions)."""
+    from spark_state.cli import _show_inspect
+
+    buckets = [{"from": i * 5040, "to": i * 5040 + 5039, "rows": 0, "key_groups": 0} for i in range(20)]
+    _show_inspect({"operator": 0, "partition": 0, "store": "default", "version": 2, "batch": 1, "rows": 0,
+                   "root": "file:///data/ckpt/state/0/0", "chain": [],
+                   "key_groups": {"max_parallelism": 100800, "key_groups_with_rows": 0, "buckets": buckets,
+                                  "rows_per_key_group": {"min": 0, "mean": 0.0, "max": 0}}})
+    out = capsys.readouterr().out
+    assert "histogram" not in out and "rows per non-empty key group" not in out, out
+    assert "no rows at batch 1" in out, out

@@ -14,6 +14,8 @@ import io.sparkstate.shim.codec.KeyHasher;
 import io.sparkstate.shim.codec.RowFormat;
 import io.sparkstate.shim.engine.Engine;
 import io.sparkstate.shim.engine.KeyOrder;
+import io.sparkstate.shim.engine.RangeReader;
+import io.sparkstate.shim.engine.RemoteImage;
 import io.sparkstate.shim.engine.Restore;
 import io.sparkstate.shim.engine.RowImageException;
 import io.sparkstate.shim.engine.StateMap;
@@ -169,6 +171,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     Options options = Options.from(CollectionConverters.asJava(storeConf.sqlConfs()));
     WorkerClient worker = WorkerClient.get();
     Engine.executor().budget().setLimit(StoreClient.validate(worker, options));
+    Engine.executor().setImageCacheSize(StoreClient.imageCacheSize(worker, options));
     this.hasher = new KeyHasher(keySchema,
         KeyHasher.hashFieldCount(keySchema, numColsPrefixKey, stateStoreId.storeName()), options.maxParallelism());
     this.format = rowFormat(keySchema, valueSchema, hasher);
@@ -352,7 +355,9 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
   private StateVersion onImage(long version, long changes, String commitId, StoreClient.Image image,
       InputStream state) throws IOException {
     lastLoadRows = changes;
-    Restore restore = Engine.executor().restore(spec, image.path, image.rows, image.temporary, changes);
+    Restore restore = image.remote()
+        ? Engine.executor().restore(spec, remoteImage(image), image.rows, changes)
+        : Engine.executor().restore(spec, image.path, image.rows, image.temporary, changes);
     if (restore == null) {
       return IMAGE_UNUSABLE;
     }
@@ -368,9 +373,23 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     }
   }
 
-  /** A row image failed under a store (a read of a damaged block): later loads of this provider load rows. */
+  /**
+   * A remote image as the engine reads it: its blocks fetched through this store's worker client (the worker
+   * reads the checkpoint storage; the JVM speaks none of its protocols).
+   */
+  private RemoteImage remoteImage(StoreClient.Image image) {
+    StoreClient c = client;
+    String file = image.file;
+    RangeReader reader = (from, to, body) -> c.fetch(file, from, to, body::read);
+    return new RemoteImage(image.id, image.checksum, image.size, image.tailFrom, image.tailTo, image.tail, reader);
+  }
+
+  /**
+   * A row image failed under a store (a read of a damaged block): later loads of this provider load rows. A
+   * remote image's bytes that could not be fetched are not damage: the retry restores from the image again.
+   */
   void imageFailed(RowImageException e) {
-    if (IMAGES_FAILED.add(stateStoreId.toString())) {
+    if (e.damaged() && IMAGES_FAILED.add(stateStoreId.toString())) {
       LOG.warn("spark_state: {}: {}; its next loads read the checkpoint's rows instead of row images", this,
           e.getMessage());
     }

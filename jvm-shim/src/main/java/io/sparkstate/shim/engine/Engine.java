@@ -25,6 +25,8 @@ public final class Engine {
 
   private final MemoryBudget budget;
   private final BlockCache cache;
+  /** Local copies of row images on remote checkpoint storage (local disk, not the budget). */
+  private final ImageCache images = new ImageCache();
   /** Background merges of runs: one thread for the executor, so merges never take more than a core. */
   private final ExecutorService merger = Executors.newSingleThreadExecutor(r -> {
     Thread t = new Thread(r, "spark-state-merge");
@@ -50,6 +52,23 @@ public final class Engine {
 
   BlockCache cache() {
     return cache;
+  }
+
+  ImageCache images() {
+    return images;
+  }
+
+  /**
+   * The bound of the local disk the copies of remote row images may take, all stores together (the option
+   * {@code rowImages.cacheSize}); null: half the free space of the disk under {@code spark.local.dir}.
+   */
+  public void setImageCacheSize(Long bytes) {
+    images.setCapacity(bytes);
+  }
+
+  /** Bytes and requests restores over remote row images fetched from the checkpoint storage so far. */
+  public long[] remoteFetches() {
+    return new long[] {images.fetchedBytes(), images.fetchRequests()};
   }
 
   /**
@@ -78,11 +97,11 @@ public final class Engine {
     long n = spills.incrementAndGet();
     spilledBytes.addAndGet(fileBytes);
     if (n == SPILLS_BEFORE_NOTICE) {
-      LOG.warn("spark_state: state rows spill to local disk ({} spills, {} MiB written so far; memory budget {} MiB, "
+      LOG.warn("spark_state: state rows spill to local disk ({} spills, {} written so far; memory budget {}, "
           + "in use {}). Expected when the state is larger than the budget; if batches slow down, raise "
           + "spark.sql.streaming.stateStore.sparkState.memoryLimit or the executor memory. The progress metrics "
-          + "sparkStateSpills and sparkStateSpilledBytes count them.", n, spilledBytes.get() >> 20,
-          budget.limit() >> 20, budget.usedByKind());
+          + "sparkStateSpills and sparkStateSpilledBytes count them.", n, MemoryBudget.size(spilledBytes.get()),
+          MemoryBudget.size(budget.limit()), budget.describeUse());
     }
   }
 
@@ -124,6 +143,38 @@ public final class Engine {
         }
       }
     }
+    return restored(spec, image, rows, expectedChanges);
+  }
+
+  /**
+   * A store restored over a row image on remote checkpoint storage (issue 38): opened from the tail its load
+   * sent (no request), its blocks read by range through the executor's {@link ImageCache} as lookups need
+   * them, its key filter and the rest of its bytes fetched into the local copy in the background. Null,
+   * logged, when the image cannot be used (the caller loads the rows instead).
+   */
+  public Restore restore(StoreSpec spec, RemoteImage remote, long rows, long expectedChanges) {
+    RowImage image;
+    RemoteSource source;
+    try {
+      source = images.open(remote);
+      image = RowImage.open(source, spec.keyFields(), spec.valueFields(), cache, true);
+      source.opened();
+      if (image.rows() != rows || image.hasTombstones()) {
+        image.close();
+        throw RowImageException.corrupt(remote.id, image.rows() + " records where the snapshot holds " + rows
+            + " rows");
+      }
+    } catch (IOException | RuntimeException e) {
+      LOG.warn("spark_state: cannot use the row image {} ({}); loading the version's rows instead", remote.id,
+          e.toString());
+      return null;
+    }
+    source.background(image::loadPendingFilter);
+    source.startFill();
+    return restored(spec, image, rows, expectedChanges);
+  }
+
+  private Restore restored(StoreSpec spec, RowImage image, long rows, long expectedChanges) {
     LayeredMap map = new LayeredMap(spec.keyFields(), spec.valueFields(), expectedChanges, spec.order(), this,
         spec.onDamage(), prefixIndex(spec));
     map.setBase(image, rows);

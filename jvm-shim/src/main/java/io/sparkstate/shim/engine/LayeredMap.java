@@ -14,6 +14,8 @@ import java.util.function.Consumer;
 import io.sparkstate.shim.memory.MemoryBudget;
 import io.sparkstate.shim.memory.Reservation;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
+import org.apache.spark.unsafe.Platform;
+import org.apache.spark.unsafe.array.ByteArrayMethods;
 import org.apache.spark.sql.execution.streaming.state.UnsafeRowPair;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -38,9 +40,10 @@ import org.slf4j.LoggerFactory;
  * damaged one fails the task and the store reloads from the checkpoint.
  *
  * <p>The key count is exact without walking the state. A remove of a key the heap does not hold looks it
- * up below; a put asks the filters (enough for a new key) and this batch's runs (a key there was changed
+ * up below; a put takes the answer of a get of the same key just before it (Spark reads a key, then
+ * writes it), else asks the filters (enough for a new key) and this batch's runs (a key there was changed
  * twice), and otherwise flags the key as "not known whether it was there" instead of reading a block
- * (Spark's get of that key read it a moment ago, and the block is rarely still cached): the flagged keys
+ * (the block is rarely still cached): the flagged keys
  * are settled together, in sort order, each block read once, when the count is asked (at commit) or the
  * heap spills. Iteration follows {@link StateMap}'s contract: the
  * heap rows first, then the runs merged, skipping keys the heap holds or deleted; a key that moves into
@@ -96,6 +99,8 @@ final class LayeredMap implements StateMap {
   private boolean merging;
   /** The run the last {@link #below} found its answer in, or null. */
   private Run found;
+  /** What the last get learnt below the heap, for a put of the same key (see {@link LastGet}). */
+  private final LastGet lastGet = new LastGet();
   private long spills;
   private long spilledBytes;
   private long merges;
@@ -247,6 +252,11 @@ final class LayeredMap implements StateMap {
       return v;
     }
     v = below(key, order.hash(key));
+    if (v != null && found.batch == batch) {   // a run of this batch's own rows: changed twice
+      lastGet.remember(key, runs, batch, CHANGED, v == RowImage.DELETED);
+    } else {
+      lastGet.remember(key, runs, batch, v == null || v == RowImage.DELETED ? ABSENT : HELD, false);
+    }
     return v == RowImage.DELETED ? null : v;
   }
 
@@ -270,6 +280,9 @@ final class LayeredMap implements StateMap {
       } else if (runs.isEmpty()) {
         size++;
         status = ABSENT;
+      } else if (lastGet.answers(key, runs, batch)) {   // Spark's get of this key just read its block
+        status = lastGet.status;
+        size += status == ABSENT || lastGet.deletedThisBatch ? 1 : 0;
       } else {
         int hash = order.hash(key);
         UnsafeRow old = belowThisBatch(key, hash);
@@ -500,6 +513,7 @@ final class LayeredMap implements StateMap {
       }
     }
     flagged.sort((a, b) -> Long.compare((Long) a[0], (Long) b[0]));
+    prefetch(flagged);
     for (Object[] f : flagged) {
       UnsafeRow v = below((UnsafeRow) f[2], (Integer) f[1]);
       if (v != null && v != RowImage.DELETED) {
@@ -507,6 +521,33 @@ final class LayeredMap implements StateMap {
       }
     }
     settled(true);
+  }
+
+  /**
+   * A remote image under the map (issue 38) fetches the blocks of the keys about to be settled in one request,
+   * rather than one round trip per block as the lookups reach them. Nothing for local images.
+   */
+  private void prefetch(List<Object[]> flagged) {
+    int[] groups = null;
+    int[] hashes = null;
+    try {
+      for (Run r : runs) {
+        if (!r.image.source().remote()) {
+          continue;
+        }
+        if (groups == null) {
+          groups = new int[flagged.size()];
+          hashes = new int[flagged.size()];
+          for (int i = 0; i < groups.length; i++) {
+            hashes[i] = (Integer) flagged.get(i)[1];
+            groups[i] = order.keyGroup(hashes[i]);
+          }
+        }
+        r.image.prefetch(groups, hashes, groups.length);
+      }
+    } catch (RowImageException e) {
+      throw damaged(e);
+    }
   }
 
   /** Clears every flag (after {@link #settle}, or a walk that counted the keys anyway). */
@@ -950,6 +991,40 @@ final class LayeredMap implements StateMap {
         }
       }
       return null;
+    }
+  }
+
+  /**
+   * The answer below the heap of the last get that read there. Spark reads a key and then writes it
+   * (aggregations, applyInPandasWithState): the put of that key takes its status from here instead of
+   * flagging it for a second block read at commit. Valid while the runs and the batch are the ones it was
+   * learnt under, and for that one key.
+   */
+  private static final class LastGet {
+    private byte[] key;
+    private List<Run> runs;
+    private long batch;
+    int status;
+    /** With {@code CHANGED}: this batch's run holds a deletion of the key (a put adds it back). */
+    boolean deletedThisBatch;
+
+    void remember(UnsafeRow k, List<Run> runsNow, long batchNow, int statusNow, boolean deleted) {
+      // a copy: getBytes() may answer the row's own buffer, which Spark reuses for the next key
+      key = new byte[k.getSizeInBytes()];
+      Platform.copyMemory(k.getBaseObject(), k.getBaseOffset(), key, Platform.BYTE_ARRAY_OFFSET, key.length);
+      runs = runsNow;
+      batch = batchNow;
+      status = statusNow;
+      deletedThisBatch = deleted;
+    }
+
+    /** Whether this is the answer for {@code k} now; it answers once. */
+    boolean answers(UnsafeRow k, List<Run> runsNow, long batchNow) {
+      byte[] mine = key;
+      key = null;
+      return mine != null && runs == runsNow && batch == batchNow && mine.length == k.getSizeInBytes()
+          && ByteArrayMethods.arrayEquals(mine, Platform.BYTE_ARRAY_OFFSET, k.getBaseObject(), k.getBaseOffset(),
+              mine.length);
     }
   }
 }

@@ -3,7 +3,6 @@ package io.sparkstate.shim.engine;
 import java.io.Closeable;
 import java.io.EOFException;
 import java.io.IOException;
-import java.io.RandomAccessFile;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
@@ -18,24 +17,29 @@ import com.github.luben.zstd.ZstdException;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.unsafe.Platform;
 import org.apache.spark.unsafe.array.ByteArrayMethods;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
- * A row image opened for lookups: a local state file of UnsafeRow records sorted by (key group, hash)
+ * A row image opened for lookups: a state file of UnsafeRow records sorted by (key group, hash)
  * in small blocks (layout: issue 23's row image spec, "File layout"). Only the block index is on
  * the heap (a few bytes per block); blocks are read on demand, verified and decompressed into the
  * executor's {@link BlockCache}, and rows point straight into them. Nothing is memory-mapped, so what
  * the image keeps resident is the index plus its share of the cache.
  *
- * <p>The file is read with {@link RandomAccessFile} under a lock rather than a {@code FileChannel}: a
- * thread interrupted in a channel read closes the channel for every thread (Spark interrupts the
- * tasks of a stopped query), while a plain read ignores interrupts. A lookup holds the lock only on
- * a cache miss, for one block's bytes; a cursor for up to {@link #READ_AHEAD} bytes.
+ * <p>Its bytes come from a {@link BlockSource}: a local file ({@link FileSource}), or an image on remote
+ * checkpoint storage read by byte range through the executor's {@link ImageCache}. A lookup reads one
+ * block's bytes on a cache miss; a cursor up to {@link #READ_AHEAD} bytes at a time. A remote image's
+ * key filter arrives in the background (until then every key is looked up in its block), and a block
+ * that fails a check is read once more from the checkpoint itself before it is called corrupt: a damaged
+ * local copy costs a fetch, never a wrong answer.
  *
  * <p>Thread-safe. Every structural fact about a block is checked once, when it is loaded (lengths,
  * order, record count), so lookups read the block with unchecked accesses that stay in bounds; a
  * failed check is a {@link RowImageException} naming the file and the block.
  */
 final class RowImage implements Closeable {
+  private static final Logger LOG = LoggerFactory.getLogger(RowImage.class);
   static final byte[] MAGIC = "SPKSTRI".getBytes(StandardCharsets.US_ASCII);
   /** The version this code writes and the newest it reads (1: no filter; 2: a key filter may follow the index). */
   static final int VERSION = 2;
@@ -64,7 +68,9 @@ final class RowImage implements Closeable {
   }
 
   private final Path path;
-  private final RandomAccessFile file;
+  private final BlockSource source;
+  /** How messages name the file. */
+  private final String name;
   private final BlockCache cache;
   private final boolean verifyChecksums;
   private final int keyFields;
@@ -72,8 +78,13 @@ final class RowImage implements Closeable {
   private final long records;
   private final int codec;
   private final boolean tombstones;
-  /** The file's key filter, or null (a version-1 file, or one written without). */
-  private final KeyFilter filter;
+  /**
+   * The file's key filter, or null (a version-1 file, one written without, or a remote image's whose words
+   * are still on their way: {@link #pendingFilter}).
+   */
+  private volatile KeyFilter filter;
+  /** A filter to load in the background (start, words, hashes, crc), or null. */
+  private volatile long[] pendingFilter;
   private final int blockCount;
   private final long[] firstKey;
   private final long[] lastKey;
@@ -104,40 +115,47 @@ final class RowImage implements Closeable {
   public static RowImage open(Path path, int keyFields, int valueFields, BlockCache cache, boolean verifyChecksums)
       throws IOException {
     checkByteOrder();
-    RandomAccessFile file = new RandomAccessFile(path.toFile(), "r");
+    return open(new FileSource(path), keyFields, valueFields, cache, verifyChecksums);
+  }
+
+  /** Opens a row image whose bytes {@code source} reads; closes the source if the image cannot be opened. */
+  static RowImage open(BlockSource source, int keyFields, int valueFields, BlockCache cache, boolean verifyChecksums)
+      throws IOException {
+    checkByteOrder();
     try {
-      return new RowImage(path, file, keyFields, valueFields, cache, verifyChecksums);
+      return new RowImage(source, keyFields, valueFields, cache, verifyChecksums);
     } catch (RuntimeException | IOException e) {
-      file.close();
+      source.close();
       throw e;
     }
   }
 
-  private RowImage(Path path, RandomAccessFile file, int keyFields, int valueFields, BlockCache cache,
-      boolean verifyChecksums) throws IOException {
-    this.path = path;
-    this.file = file;
+  private RowImage(BlockSource source, int keyFields, int valueFields, BlockCache cache, boolean verifyChecksums)
+      throws IOException {
+    this.source = source;
+    this.path = source.path();
+    this.name = source.name();
     this.keyFields = keyFields;
     this.valueFields = valueFields;
     this.cache = cache;
     this.verifyChecksums = verifyChecksums;
-    long size = file.length();
+    long size = source.size();
     if (size < TRAILER_BYTES) {
-      throw RowImageException.corrupt(path, "truncated: " + size + " bytes, less than its " + TRAILER_BYTES
+      throw RowImageException.corrupt(name, "truncated: " + size + " bytes, less than its " + TRAILER_BYTES
           + "-byte trailer");
     }
     ByteBuffer trailer = ByteBuffer.wrap(readAt(size - TRAILER_BYTES, TRAILER_BYTES)).order(ByteOrder.LITTLE_ENDIAN);
     for (int i = 0; i < MAGIC.length; i++) {
       if (trailer.get(32 + i) != MAGIC[i]) {
-        throw RowImageException.corrupt(path, "no row image trailer (truncated, or not a row image)");
+        throw RowImageException.corrupt(name, "no row image trailer (truncated, or not a row image)");
       }
     }
     int version = trailer.get(39) & 0xFF;
     if (version > VERSION) {
-      throw RowImageException.newer(path, "row image format version " + version + ", this one reads " + VERSION);
+      throw RowImageException.newer(name, "row image format version " + version + ", this one reads " + VERSION);
     }
     if (version < 1) {
-      throw RowImageException.corrupt(path, "row image format version " + version);
+      throw RowImageException.corrupt(name, "row image format version " + version);
     }
     long indexOffset = trailer.getLong(0);
     this.records = trailer.getLong(8);
@@ -146,11 +164,11 @@ final class RowImage implements Closeable {
     this.codec = trailer.getInt(24);
     int flags = trailer.getInt(28);
     if (codec != CODEC_RAW && codec != CODEC_ZSTD) {
-      throw RowImageException.newer(path, "block codec " + codec);
+      throw RowImageException.newer(name, "block codec " + codec);
     }
     int known = version >= 2 ? FLAG_TOMBSTONES | FLAG_FILTER : FLAG_TOMBSTONES;
     if ((flags & ~known) != 0) {
-      throw RowImageException.newer(path, "flags 0x" + Integer.toHexString(flags));
+      throw RowImageException.newer(name, "flags 0x" + Integer.toHexString(flags));
     }
     this.tombstones = (flags & FLAG_TOMBSTONES) != 0;
     long filterBytes = 0;
@@ -159,7 +177,7 @@ final class RowImage implements Closeable {
     int filterCrc = 0;
     if ((flags & FLAG_FILTER) != 0) {
       if (size < TRAILER_BYTES + KeyFilter.HEADER_BYTES) {
-        throw RowImageException.corrupt(path, "truncated: no room for its filter header");
+        throw RowImageException.corrupt(name, "truncated: no room for its filter header");
       }
       ByteBuffer header = ByteBuffer.wrap(readAt(size - TRAILER_BYTES - KeyFilter.HEADER_BYTES, KeyFilter.HEADER_BYTES))
           .order(ByteOrder.LITTLE_ENDIAN);
@@ -167,19 +185,19 @@ final class RowImage implements Closeable {
       filterHashes = header.getInt(4);
       filterCrc = header.getInt(8);
       if (filterWords <= 0 || filterWords > (Integer.MAX_VALUE >> 3) || filterHashes < 1 || filterHashes > 30) {
-        throw RowImageException.corrupt(path, "a filter header of " + filterWords + " words and " + filterHashes
+        throw RowImageException.corrupt(name, "a filter header of " + filterWords + " words and " + filterHashes
             + " hashes");
       }
       filterBytes = 8L * filterWords + KeyFilter.HEADER_BYTES;
     }
     if (indexOffset < 0 || blocks * INDEX_ENTRY_BYTES + filterBytes + TRAILER_BYTES != size - indexOffset) {
-      throw RowImageException.corrupt(path, "truncated or damaged: the trailer puts " + blocks + " index entries at "
+      throw RowImageException.corrupt(name, "truncated or damaged: the trailer puts " + blocks + " index entries at "
           + indexOffset + " in a file of " + size + " bytes");
     }
     this.blockCount = (int) blocks;
     byte[] indexBytes = readAt(indexOffset, blockCount * INDEX_ENTRY_BYTES);
     if (crc32(indexBytes) != indexCrc) {
-      throw RowImageException.corrupt(path, "the block index fails its CRC-32");
+      throw RowImageException.corrupt(name, "the block index fails its CRC-32");
     }
     this.firstKey = new long[blockCount];
     this.lastKey = new long[blockCount];
@@ -190,24 +208,83 @@ final class RowImage implements Closeable {
     readIndex(ByteBuffer.wrap(indexBytes).order(ByteOrder.LITTLE_ENDIAN), indexOffset);
     this.slots = new AtomicReferenceArray<>(blockCount);
     if (filterWords > 0) {
-      byte[] words = readAt(indexOffset + (long) blockCount * INDEX_ENTRY_BYTES, 8 * filterWords);
-      if (crc32(words) != filterCrc) {
-        throw RowImageException.corrupt(path, "the key filter fails its CRC-32");
-      }
-      long[] bits = new long[filterWords];
-      ByteBuffer.wrap(words).order(ByteOrder.LITTLE_ENDIAN).asLongBuffer().get(bits);
-      this.filter = new KeyFilter(bits, filterHashes);
-      // the CRC covers the words, not k: a filter must at least let through each block's first and last
-      // record, whose hashes the (checked) index holds
-      for (int b = 0; b < blockCount; b++) {
-        if (!filter.mightContain((int) firstKey[b]) || !filter.mightContain((int) lastKey[b])) {
-          throw RowImageException.corrupt(path, "the key filter rules out a key of block " + b + " (its header "
-              + "is damaged)");
+      long start = indexOffset + (long) blockCount * INDEX_ENTRY_BYTES;
+      if (source.remote()) {   // a few bytes per key: not before the first lookup
+        this.pendingFilter = new long[] {start, filterWords, filterHashes, filterCrc};
+      } else {
+        KeyFilter f = readFilter(start, filterWords, filterHashes, filterCrc, readAt(start, 8 * filterWords));
+        // the CRC covers the words, not k: a filter must at least let through each block's first and last
+        // record, whose hashes the (checked) index holds
+        for (int b = 0; b < blockCount; b++) {
+          if (!f.mightContain((int) firstKey[b]) || !f.mightContain((int) lastKey[b])) {
+            throw RowImageException.corrupt(name, "the key filter rules out a key of block " + b + " (its header "
+                + "is damaged)");
+          }
         }
+        this.filter = f;
       }
-    } else {
-      this.filter = null;
     }
+  }
+
+  private KeyFilter readFilter(long start, int words, int hashes, int crc, byte[] bytes) {
+    if (crc32(bytes) != crc) {
+      throw RowImageException.corrupt(name, "the key filter fails its CRC-32");
+    }
+    long[] bits = new long[words];
+    ByteBuffer.wrap(bytes).order(ByteOrder.LITTLE_ENDIAN).asLongBuffer().get(bits);
+    return new KeyFilter(bits, hashes);
+  }
+
+  /**
+   * Loads a remote image's key filter (the source's background job after {@link #open}): its CRC checked,
+   * and asked for every block's first and last hash, which the index names (a filter that denies one is
+   * damaged). One that fails either check, read again from the checkpoint, is never used: every key is
+   * then looked up in its block, which is slower and as right. A filter that cannot be fetched is tried
+   * again by the next open of the image.
+   */
+  void loadPendingFilter() {
+    long[] p = pendingFilter;
+    if (p == null || closed) {
+      return;
+    }
+    long start = p[0];
+    int words = (int) p[1];
+    int n = 8 * words;
+    KeyFilter f;
+    try {
+      f = checkedFilter(start, words, (int) p[2], (int) p[3], readAt(start, n));
+      if (f == null) {
+        byte[] again = source.reread(start, n);
+        f = again == null ? null : checkedFilter(start, words, (int) p[2], (int) p[3], again);
+      }
+    } catch (IOException | RuntimeException e) {
+      if (!closed) {
+        LOG.warn("spark_state: cannot fetch the key filter of the row image {} ({}); looking every key up in its "
+            + "block", name, e.toString());
+      }
+      return;
+    }
+    if (f == null) {
+      LOG.warn("spark_state: the key filter of the row image {} fails its checks in the checkpoint too; looking "
+          + "every key up in its block", name);
+    } else {
+      filter = f;
+    }
+    pendingFilter = null;
+  }
+
+  /** The filter of these bytes when they pass its CRC and hold every hash the index names, else null. */
+  private KeyFilter checkedFilter(long start, int words, int hashes, int crc, byte[] bytes) {
+    if (crc32(bytes) != crc) {
+      return null;
+    }
+    KeyFilter f = readFilter(start, words, hashes, crc, bytes);
+    for (int b = 0; b < blockCount; b++) {
+      if (!f.mightContain((int) firstKey[b]) || !f.mightContain((int) lastKey[b])) {
+        return null;
+      }
+    }
+    return f;
   }
 
   private void readIndex(ByteBuffer index, long indexOffset) {
@@ -233,7 +310,7 @@ final class RowImage implements Closeable {
         bad = "sort keys out of order";
       }
       if (bad != null) {
-        throw RowImageException.corrupt(path, b, blockCount, "index entry: " + bad);
+        throw RowImageException.corrupt(name, b, blockCount, "index entry: " + bad);
       }
       offset[b + 1] = start + stored;
       rawLength[b] = (int) raw;
@@ -241,11 +318,11 @@ final class RowImage implements Closeable {
       total += n;
     }
     if (offset[blockCount] != indexOffset) {
-      throw RowImageException.corrupt(path, "the blocks end at " + offset[blockCount] + ", the index starts at "
+      throw RowImageException.corrupt(name, "the blocks end at " + offset[blockCount] + ", the index starts at "
           + indexOffset);
     }
     if (total != records) {
-      throw RowImageException.corrupt(path, "the trailer counts " + records + " records, the index " + total);
+      throw RowImageException.corrupt(name, "the trailer counts " + records + " records, the index " + total);
     }
   }
 
@@ -270,19 +347,74 @@ final class RowImage implements Closeable {
     return closed;
   }
 
-  /** Heap the open image keeps outside the block cache: the index, the cache slots and the filter. */
+  /** Heap the open image keeps outside the block cache: the index, the cache slots and the filter (one on its way too). */
   long heapBytes() {
-    return 6L * 16 + 8L * (3L * blockCount + 1) + 4L * 4 * blockCount + (filter == null ? 0 : filter.bytes());
+    KeyFilter f = filter;
+    long[] p = pendingFilter;
+    long filterBytes = f != null ? f.bytes() : p != null ? 16L + 8L * p[1] : 0;
+    return 6L * 16 + 8L * (3L * blockCount + 1) + 4L * 4 * blockCount + filterBytes;
   }
 
-  /** Whether the file has a key filter (a version-1 file has none). */
+  /** Whether the file has a key filter loaded (a version-1 file has none; a remote image's may be on its way). */
   boolean hasFilter() {
     return filter != null;
   }
 
   /** False only if the file holds no record of this hash (always true without a filter). */
   boolean mightContain(int hash) {
-    return filter == null || filter.mightContain(hash);
+    KeyFilter f = filter;
+    return f == null || f.mightContain(hash);
+  }
+
+  /**
+   * The blocks that keys of these key groups and hashes would be read from, and are not in the block cache,
+   * are fetched at once if the source is remote (one request for a batch of keys, rather than a round trip
+   * per key); their lookups then read local bytes. Nothing for a local image.
+   */
+  void prefetch(int[] keyGroups, int[] hashes, int n) {
+    if (!source.remote() || closed) {
+      return;
+    }
+    KeyFilter f = filter;
+    long[] sorted = new long[n];
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+      if (f == null || f.mightContain(hashes[i])) {
+        sorted[m++] = sortKey(keyGroups[i], hashes[i]);
+      }
+    }
+    Arrays.sort(sorted, 0, m);
+    long[] from = new long[Math.min(m, blockCount) + 1];
+    long[] to = new long[from.length];
+    int ranges = 0;
+    int last = -1;
+    for (int i = 0; i < m; i++) {
+      for (int b = Math.max(firstBlockEndingAtOrAfter(sorted[i]), last + 1); b < blockCount && firstKey[b] <= sorted[i];
+          b++) {
+        last = b;
+        if (slots.get(b) != null) {
+          continue;
+        }
+        if (ranges > 0 && to[ranges - 1] == offset[b]) {
+          to[ranges - 1] = offset[b + 1];
+        } else {
+          if (ranges == from.length) {
+            from = Arrays.copyOf(from, ranges * 2);
+            to = Arrays.copyOf(to, ranges * 2);
+          }
+          from[ranges] = offset[b];
+          to[ranges++] = offset[b + 1];
+        }
+      }
+    }
+    if (ranges == 0) {
+      return;
+    }
+    try {
+      source.prefetch(Arrays.copyOf(from, ranges), Arrays.copyOf(to, ranges));
+    } catch (IOException e) {
+      throw RowImageException.unfetched(name, e);
+    }
   }
 
   /**
@@ -291,7 +423,8 @@ final class RowImage implements Closeable {
    * or null if it does not hold the key. A key the filter rules out costs no block.
    */
   UnsafeRow get(int keyGroup, int hash, UnsafeRow key) {
-    if (filter != null && !filter.mightContain(hash)) {
+    KeyFilter f = filter;
+    if (f != null && !f.mightContain(hash)) {
       return null;
     }
     long s = sortKey(keyGroup, hash);
@@ -336,7 +469,8 @@ final class RowImage implements Closeable {
    * another prefix's with the same hash). The filter rules out hashes the file does not hold.
    */
   void withSortKey(int keyGroup, int hash, RecordSink sink) {
-    if (filter != null && !filter.mightContain(hash)) {
+    KeyFilter f = filter;
+    if (f != null && !f.mightContain(hash)) {
       return;
     }
     long s = sortKey(keyGroup, hash);
@@ -399,7 +533,7 @@ final class RowImage implements Closeable {
           bytes = cached.bytes;
         } else {
           byte[] src = readAhead(block);
-          bytes = decode(block, src, (int) (offset[block] - chunkStart)).bytes;
+          bytes = decodeOrReread(block, src, (int) (offset[block] - chunkStart)).bytes;
         }
         next = Platform.BYTE_ARRAY_OFFSET;
         end = next + rawLength[block];
@@ -457,14 +591,23 @@ final class RowImage implements Closeable {
     }
   }
 
-  /** Drops the image's blocks from the cache and closes the file; rows handed out stay valid. */
+  /** Drops the image's blocks from the cache and closes its source; rows handed out stay valid. */
   @Override
   public void close() throws IOException {
     closed = true;
+    pendingFilter = null;
     cache.removeAll(this);
-    synchronized (file) {
-      file.close();
-    }
+    source.close();
+  }
+
+  /** Where the image's bytes come from. */
+  BlockSource source() {
+    return source;
+  }
+
+  /** How messages name the image. */
+  String name() {
+    return name;
   }
 
   // ------------------------------------------------------------------ blocks
@@ -506,18 +649,41 @@ final class RowImage implements Closeable {
 
   /** Reads a block alone, for a lookup. */
   private BlockCache.Entry load(int b) {
-    return decode(b, read(offset[b], offset[b + 1]), 0);
+    return decodeOrReread(b, read(offset[b], offset[b + 1]), 0);
   }
 
   /** The file's bytes [from, to): a new array (blocks and rows may point into it). */
   private byte[] read(long from, long to) {
     if (closed) {
-      throw new IllegalStateException("spark_state: the row image " + path + " is closed");
+      throw new IllegalStateException("spark_state: the row image " + name + " is closed");
     }
     try {
       return readAt(from, (int) (to - from));
     } catch (IOException e) {
-      throw RowImageException.unreadable(path, e);
+      throw RowImageException.unreadable(name, e);
+    }
+  }
+
+  /**
+   * {@link #decode}, and for a block that fails a check where the source holds a copy (a remote image's
+   * local cache), the block read again from the checkpoint and decoded once more: only the checkpoint's
+   * own bytes can make it corrupt.
+   */
+  private BlockCache.Entry decodeOrReread(int b, byte[] src, int from) {
+    try {
+      return decode(b, src, from);
+    } catch (RowImageException e) {
+      byte[] again;
+      try {
+        again = source.reread(offset[b], (int) (offset[b + 1] - offset[b]));
+      } catch (IOException io) {
+        e.addSuppressed(io);
+        throw e;
+      }
+      if (again == null) {
+        throw e;
+      }
+      return decode(b, again, 0);
     }
   }
 
@@ -528,7 +694,7 @@ final class RowImage implements Closeable {
   private BlockCache.Entry decode(int b, byte[] src, int from) {
     int stored = (int) (offset[b + 1] - offset[b]);
     if (verifyChecksums && crc32(src, from, stored) != crc[b]) {
-      throw RowImageException.corrupt(path, b, blockCount, "CRC-32 mismatch (ChecksumMismatch)");
+      throw RowImageException.corrupt(name, b, blockCount, "CRC-32 mismatch (ChecksumMismatch)");
     }
     byte[] raw;
     if (codec == CODEC_ZSTD) {
@@ -547,11 +713,11 @@ final class RowImage implements Closeable {
       n = ctx.decompressByteArray(raw, 0, raw.length, src, from, length);
     } catch (ZstdException e) {
       ctx.close();
-      throw RowImageException.corrupt(path, b, blockCount, "zstd: " + e.getMessage());
+      throw RowImageException.corrupt(name, b, blockCount, "zstd: " + e.getMessage());
     }
     Decompressors.give(ctx);
     if (n != raw.length) {
-      throw RowImageException.corrupt(path, b, blockCount, "decompressed to " + n + " bytes, not " + raw.length);
+      throw RowImageException.corrupt(name, b, blockCount, "decompressed to " + n + " bytes, not " + raw.length);
     }
     return raw;
   }
@@ -590,29 +756,24 @@ final class RowImage implements Closeable {
         at += length;
       }
       if (bad != null) {
-        throw RowImageException.corrupt(path, b, blockCount, bad);
+        throw RowImageException.corrupt(name, b, blockCount, bad);
       }
       previous = k;
       n++;
     }
     if (n != blockRecords[b] || previous != lastKey[b]) {
-      throw RowImageException.corrupt(path, b, blockCount, n + " records ending at sort key " + previous
+      throw RowImageException.corrupt(name, b, blockCount, n + " records ending at sort key " + previous
           + ", the index says " + blockRecords[b] + " ending at " + lastKey[b]);
     }
     return new BlockCache.Entry(this, b, bytes, restarts, restartKeys);
   }
 
   private byte[] readAt(long position, int length) throws IOException {
-    byte[] dst = new byte[length];
-    synchronized (file) {
-      file.seek(position);
-      try {
-        file.readFully(dst);
-      } catch (EOFException e) {
-        throw RowImageException.corrupt(path, "truncated: " + length + " bytes at " + position + " are past its end");
-      }
+    try {
+      return source.read(position, length);
+    } catch (EOFException e) {
+      throw RowImageException.corrupt(name, "truncated: " + length + " bytes at " + position + " are past its end");
     }
-    return dst;
   }
 
   static int crc32(byte[] bytes) {

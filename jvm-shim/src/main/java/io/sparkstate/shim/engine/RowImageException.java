@@ -7,32 +7,50 @@ import java.nio.file.Path;
  * spark_state. Row images are derived from the checkpoint (a snapshot's image, a spill run), so the
  * answer is always the same: drop the image and reload the state from the checkpoint. Unchecked,
  * because lookups run inside Spark's {@code StateStore.get}.
+ *
+ * <p>A remote image's bytes that could not be fetched (the checkpoint storage did not answer) are not
+ * damage ({@link #damaged}): the task fails, and its retry may restore from the image again.
  */
 public final class RowImageException extends IllegalStateException {
   private static final String RELOAD = "; the store will reload its state from the checkpoint";
 
-  final transient Path path;
+  private final boolean damaged;
 
-  private RowImageException(Path path, String message, Throwable cause) {
+  private RowImageException(String message, Throwable cause, boolean damaged) {
     super(message, cause);
-    this.path = path;
+    this.damaged = damaged;
+  }
+
+  /** Whether the file is damaged (or newer): not a failed fetch of a remote image's bytes. */
+  public boolean damaged() {
+    return damaged;
   }
 
   static RowImageException corrupt(Path path, String what) {
-    return new RowImageException(path, "spark_state: the state file " + path + " is corrupt: " + what + RELOAD, null);
+    return corrupt(String.valueOf(path), what);
   }
 
-  static RowImageException corrupt(Path path, int block, int blocks, String what) {
-    return corrupt(path, "block " + block + " of " + blocks + ": " + what);
+  static RowImageException corrupt(String file, String what) {
+    return new RowImageException("spark_state: the state file " + file + " is corrupt: " + what + RELOAD, null, true);
   }
 
-  static RowImageException unreadable(Path path, Throwable cause) {
-    return new RowImageException(path, "spark_state: cannot read the state file " + path + " (" + cause + ")" + RELOAD,
-        cause);
+  static RowImageException corrupt(String file, int block, int blocks, String what) {
+    return corrupt(file, "block " + block + " of " + blocks + ": " + what);
   }
 
-  static RowImageException newer(Path path, String what) {
-    return new RowImageException(path, "spark_state: the state file " + path + " was written by a newer spark_state ("
-        + what + "): upgrade spark_state on the executors" + RELOAD, null);
+  static RowImageException unreadable(String file, Throwable cause) {
+    return new RowImageException("spark_state: cannot read the state file " + file + " (" + cause + ")" + RELOAD,
+        cause, true);
+  }
+
+  /** A remote image's bytes could not be fetched from the checkpoint storage (through the worker). */
+  static RowImageException unfetched(String file, Throwable cause) {
+    return new RowImageException("spark_state: cannot fetch bytes of the row image " + file + " from the checkpoint "
+        + "storage (" + cause + "); the task fails and its retry restores the state again", cause, false);
+  }
+
+  static RowImageException newer(String file, String what) {
+    return new RowImageException("spark_state: the state file " + file + " was written by a newer spark_state ("
+        + what + "): upgrade spark_state on the executors" + RELOAD, null, true);
   }
 }

@@ -118,6 +118,21 @@ public final class MemoryBudget {
   }
 
   /** What each kind of holder holds now, by kind (metrics, logs). */
+  /** A size for a log line: bytes, KiB or MiB, whichever reads best (a small budget is not "0 MiB"). */
+  public static String size(long bytes) {
+    if (bytes < 10L << 10) {
+      return bytes + " B";
+    }
+    return bytes < 10L << 20 ? (bytes >> 10) + " KiB" : (bytes >> 20) + " MiB";
+  }
+
+  /** What each kind of holder holds, for a log line. */
+  public String describeUse() {
+    StringBuilder out = new StringBuilder("{");
+    usedByKind().forEach((k, v) -> out.append(out.length() > 1 ? ", " : "").append(k).append('=').append(size(v)));
+    return out.append('}').toString();
+  }
+
   public Map<String, Long> usedByKind() {
     Map<String, Long> out = new TreeMap<>();
     byKind.forEach((k, v) -> out.put(k, v.get()));
@@ -161,9 +176,9 @@ public final class MemoryBudget {
       return false;
     }
     warned = true;
-    LOG.warn("spark_state: {} fill the state memory budget ({} MiB of {} MiB in use: {}); state rows spill at "
+    LOG.warn("spark_state: {} fill the state memory budget ({} of {} in use: {}); state rows spill at "
         + "every check. Raise spark.sql.streaming.stateStore.sparkState.memoryLimit or the executor memory.",
-        what, used() >> 20, limit() >> 20, usedByKind());
+        what, size(used()), size(limit()), describeUse());
     return true;
   }
 }

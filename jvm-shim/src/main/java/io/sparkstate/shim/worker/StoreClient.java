@@ -1,11 +1,11 @@
 package io.sparkstate.shim.worker;
 
+import java.io.DataInputStream;
 import java.io.IOException;
 import java.io.InputStream;
 import java.nio.file.Path;
 import java.nio.file.Paths;
 import java.util.Map;
-import java.util.Optional;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.LongAdder;
 
@@ -32,10 +32,11 @@ public final class StoreClient {
   static final String OP_CHANGES = "changes";
   static final String OP_REPLAY = "replay";
   static final String OP_DRAIN = "drain";
+  static final String OP_FETCH = "fetch";
 
   private static final JsonNodeFactory NODES = JsonNodeFactory.instance;
-  /** Option sets the worker validated in this JVM (validate once per distinct set), with the memory limit it answered. */
-  private static final Map<Options, Optional<Long>> VALIDATED = new ConcurrentHashMap<>();
+  /** Option sets the worker validated in this JVM (validate once per distinct set), with the reply. */
+  private static final Map<Options, JsonNode> VALIDATED = new ConcurrentHashMap<>();
 
   /**
    * Reads a {@code load} reply's state stream while the connection is held; runs again on a retry.
@@ -45,8 +46,13 @@ public final class StoreClient {
     T read(long rows, String commitId, Image image, InputStream state) throws IOException;
   }
 
-  /** The row image a lazy {@code load} names: the version's snapshot as a local file of UnsafeRows. */
+  /**
+   * The row image a lazy {@code load} names: the version's snapshot as a local file of UnsafeRows, or an image
+   * on remote checkpoint storage read by byte range ({@link #remote}; docs/protocol.md, "Row images on remote
+   * storage").
+   */
   public static final class Image {
+    /** The local file, or null for a remote image. */
     public final Path path;
     public final long rows;
     public final long size;
@@ -56,14 +62,53 @@ public final class StoreClient {
     public final boolean typed;
     /** The version's exact key count, when the worker knows it (docs/protocol.md, "Key counts"), else -1. */
     public final long keys;
+    /** A remote image: its path in the store ({@link #fetch} reads it), and its storage root joined to it. */
+    public final String file;
+    public final String id;
+    public final String checksum;
+    /** A remote image's tail: byte ranges [tailFrom[i], tailTo[i]) and their bytes, read from the reply. */
+    public final long[] tailFrom;
+    public final long[] tailTo;
+    public final byte[][] tail;
 
-    Image(JsonNode node, JsonNode reply) {
+    Image(JsonNode node, JsonNode reply, InputStream body) throws IOException {
       this.keys = reply.hasNonNull("keys") ? reply.get("keys").asLong(-1) : -1;
-      this.path = Paths.get(node.path("path").asText());
       this.rows = node.path("rows").asLong(0);
       this.size = node.path("size").asLong(-1);
       this.temporary = node.path("temporary").asBoolean(false);
       this.typed = node.path("fileFormat").asInt(2) != 1;
+      JsonNode ranges = node.get("tail");
+      if (ranges == null || !ranges.isArray()) {
+        this.path = Paths.get(node.path("path").asText());
+        this.file = this.id = this.checksum = null;
+        this.tailFrom = this.tailTo = null;
+        this.tail = null;
+        return;
+      }
+      this.path = null;
+      this.file = node.path("file").asText();
+      this.id = node.path("id").asText(file);
+      this.checksum = node.path("checksum").asText("");
+      int n = ranges.size();
+      this.tailFrom = new long[n];
+      this.tailTo = new long[n];
+      this.tail = new byte[n][];
+      DataInputStream in = new DataInputStream(body);
+      for (int i = 0; i < n; i++) {
+        tailFrom[i] = ranges.get(i).get(0).asLong();
+        tailTo[i] = ranges.get(i).get(1).asLong();
+        long length = tailTo[i] - tailFrom[i];
+        if (length < 0 || length > Integer.MAX_VALUE - 16 || tailTo[i] > size) {
+          throw new IOException("a load reply names the row image tail range " + ranges.get(i) + " of " + size + " bytes");
+        }
+        tail[i] = new byte[(int) length];
+        in.readFully(tail[i]);
+      }
+    }
+
+    /** Whether the image is on remote storage, read by range. */
+    public boolean remote() {
+      return tail != null;
     }
   }
 
@@ -116,17 +161,33 @@ public final class StoreClient {
    * the memory limit it sets (bytes, or null for the default), which the caller gives the executor's budget.
    */
   public static Long validate(WorkerClient worker, Options options) {
-    Optional<Long> limit = VALIDATED.get(options);
-    if (limit == null) {
+    return bytes(validated(worker, options), "memoryLimit");
+  }
+
+  /**
+   * The bound of the executor's local copies of remote row images the option set gives (bytes, or null for
+   * the default), from the same {@code validate} reply.
+   */
+  public static Long imageCacheSize(WorkerClient worker, Options options) {
+    return bytes(validated(worker, options), "imageCacheSize");
+  }
+
+  private static JsonNode validated(WorkerClient worker, Options options) {
+    JsonNode reply = VALIDATED.get(options);
+    if (reply == null) {
       ObjectNode h = NODES.objectNode();
       h.put("op", OP_VALIDATE);
       h.set("options", optionsNode(options));
-      JsonNode reply = worker.call(h, null, null, options, null);
-      JsonNode bytes = reply == null ? null : reply.get("memoryLimit");
-      limit = bytes == null || bytes.isNull() ? Optional.empty() : Optional.of(bytes.asLong());
-      VALIDATED.put(options, limit);
+      reply = worker.call(h, null, null, options, null);
+      reply = reply == null ? NODES.objectNode() : reply;
+      VALIDATED.put(options, reply);
     }
-    return limit.orElse(null);
+    return reply;
+  }
+
+  private static Long bytes(JsonNode reply, String field) {
+    JsonNode bytes = reply.get(field);
+    return bytes == null || bytes.isNull() ? null : bytes.asLong();
   }
 
   /** Names the running query in the store's identity (without it the worker reads the checkpoint's metadata). */
@@ -156,10 +217,43 @@ public final class StoreClient {
     }
     if (images) {
       h.put("images", true);
+      h.put("ranges", true);
     }
     return send(h, null, (reply, body) -> reply.path("unchanged").asBoolean(false) ? null
         : loader.read(reply.path("rows").asLong(0), reply.path("commitId").asText(null),
-            reply.hasNonNull("image") ? new Image(reply.get("image"), reply) : null, body));
+            reply.hasNonNull("image") ? new Image(reply.get("image"), reply, body) : null, body));
+  }
+
+  /** Reads the bytes a {@link #fetch} answers, exactly the ranges' lengths one after the other. */
+  public interface Fetched {
+    void read(InputStream bytes) throws IOException;
+  }
+
+  /**
+   * {@code fetch}: the byte ranges [from[i], to[i]) of the store's file {@code file} (a remote row image,
+   * by its path in the store), read by {@code body} while the connection is held. The worker's failure to read
+   * them (storage) is an {@link IllegalStateException}.
+   */
+  public void fetch(String file, long[] from, long[] to, Fetched body) {
+    ObjectNode h = request(OP_FETCH);
+    h.put("file", file);
+    com.fasterxml.jackson.databind.node.ArrayNode ranges = h.putArray("ranges");
+    for (int i = 0; i < from.length; i++) {
+      ranges.addArray().add(from[i]).add(to[i]);
+    }
+    send(h, null, (reply, in) -> {
+      JsonNode lengths = reply.path("lengths");
+      if (lengths.size() != from.length) {
+        throw new IOException("a fetch reply of " + lengths.size() + " ranges for " + from.length);
+      }
+      for (int i = 0; i < from.length; i++) {
+        if (lengths.get(i).asLong() != to[i] - from[i]) {
+          throw new IOException("a fetch reply of " + lengths.get(i) + " bytes for the range " + from[i] + ".." + to[i]);
+        }
+      }
+      body.read(in);
+      return null;
+    });
   }
 
   /**

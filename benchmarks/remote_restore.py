@@ -1,0 +1,246 @@
+"""Restores straight from object storage (issue 38): a store whose checkpoint is on the loopback S3 server,
+restored in a fresh JVM (an executor that holds none of its files), with range reads (the row image's index
+and the blocks a lookup needs, the rest filled into the local cache in the background) against
+``rowImages.rangeReads=false`` (today's download-then-open), at injected per-request latencies.
+
+    nice -n 19 flock /work/spark.lock .venv/bin/python -m benchmarks.remote_restore \
+        [--keys 1000000] [--latencies 0,10,50] [--out benchmarks/results/remote-restore]
+
+Set-up: a moto server in its own process, and the soak's fault proxy (``benchmarks/soak/proxy.py``) in front
+of it with ``latency_s`` (every request waits that long before it is forwarded: an object store's first-byte
+latency). One store (long key, long value) of ``--keys`` keys is written through a provider of
+``tests/jvm/RemoteImageProbe.java`` straight to moto, compacted with its row image (version 1), and a few keys
+are removed after it (version 2: a restore reads the image plus changes). Then, for each latency and mode, a
+new probe JVM (and its new worker) reaches S3 only through the proxy and measures, with wall clocks around
+each command:
+
+* ``open``: ``getReadStore(2)`` on a new provider, then ``first get``: one key's lookup;
+* ``batch``: lookups of 1% of the keys (a contiguous range of keys: their hashes spread over every block),
+  right after the open; ``open + batch`` is what a task moving to a fresh executor pays before its puts;
+* ``scan``: in another fresh JVM, ``getReadStore(2)`` then a full scan of the store;
+* bytes and requests the proxy forwarded for the restore (open + first get: with range reads, the
+  background fill's first requests are under way by then and counted), for open + batch, and until the
+  local copy is complete (the fill goes on after the batch), beside the image's size.
+
+Writes ``results.md`` and ``results.json`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from tests.support import s3_server
+from tests.support.jvm_probes import ProbeProcess, probe_command
+from tests.support.ports import free_port, wait_listening
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Probe(ProbeProcess):
+    def ok(self, line: str) -> list[str]:
+        reply = self.answer(line)
+        if not reply.startswith("OK"):
+            raise RuntimeError(f"{line}: {reply}")
+        return reply.split()[1:]
+
+    def timed(self, line: str) -> tuple[float, list[str]]:
+        t0 = time.perf_counter()
+        out = self.ok(line)
+        return (time.perf_counter() - t0) * 1000, out
+
+
+class Proxy:
+    def __init__(self, upstream_port: int, work: Path):
+        self.port = free_port()
+        self.control = work / "proxy-control.json"
+        self.log = work / "proxy-faults.jsonl"
+        self.set_latency(0)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.soak.proxy", "--port", str(self.port), "--upstream-port",
+             str(upstream_port), "--control", str(self.control), "--log", str(self.log)], cwd=ROOT,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if not wait_listening(self.port, self.proc, 30):
+            raise RuntimeError("the fault proxy did not start")
+
+    def set_latency(self, ms: float) -> None:
+        self.control.write_text(json.dumps({"rate": 0.0, "latency_s": ms / 1000}))
+        time.sleep(1.2)   # the proxy re-reads its control file every second
+
+    def stats(self) -> tuple[int, int]:
+        """(requests, bytes) forwarded so far."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/__proxy_stats", timeout=10) as r:
+            s = json.loads(r.read())
+        return s["requests"], s["bytes"]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def options(root: str, ranges: bool) -> list[str]:
+    return [f"checkpointRoot={root}", "rowImages.minRows=0", "snapshotInterval=100",
+            f"rowImages.rangeReads={'true' if ranges else 'false'}"]
+
+
+def run(keys: int, latencies: list[int], out: Path) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="remote-restore-"))
+    env = dict(os.environ)
+    os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1"})
+    endpoint, moto = s3_server.start_process()
+    os.environ["AWS_ENDPOINT_URL"] = endpoint
+    proxy = None
+    try:
+        import boto3
+        import fsspec
+
+        bucket = f"bench-{uuid.uuid4().hex[:8]}"
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+        root = f"s3://{bucket}/state"
+        classes = work / "classes"
+        classes.mkdir()
+        ckpt = work / "ckpt"
+
+        def probe(heap: str = "2g", *jvm: str) -> Probe:
+            cmd = probe_command("RemoteImageProbe.java", "io.sparkstate.shim.engine.RemoteImageProbe", classes,
+                                f"-Djava.io.tmpdir={work}", *jvm, heap=heap)
+            return Probe(cmd)
+
+        t0 = time.perf_counter()
+        p = probe("4g")
+        try:
+            p.ok(f"provider a {ckpt} {sys.executable} 0 {' '.join(options(root, True))}")
+            assert p.ok(f"write a 0 0 {keys} 1") == ["1"]
+            p.ok("drain")
+            assert p.ok("remove a 1 0 1 2") == ["2"]
+        finally:
+            p.close(120)
+        fs = fsspec.filesystem("s3", client_kwargs={"endpoint_url": endpoint})
+        images = [f for f in fs.find(f"{bucket}/state") if f.endswith(".img")]
+        assert len(images) == 1, images
+        image_bytes = fs.size(images[0])
+        print(f"built {keys:,} keys in {time.perf_counter() - t0:.0f} s; row image {image_bytes / 2**20:.1f} MiB",
+              flush=True)
+
+        proxy = Proxy(int(endpoint.rsplit(":", 1)[1]), work)
+        os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{proxy.port}"
+        batch = max(1, keys // 100)
+        first = keys // 2
+        rows = []
+        for latency in latencies:
+            proxy.set_latency(latency)
+            for mode in ("range", "download"):
+                ranges = mode == "range"
+                spec = f"provider a {ckpt} {sys.executable} 0 {' '.join(options(root, ranges))}"
+                # a fresh executor: open, first get, 1% of the keys
+                p = probe()
+                try:
+                    p.ok(spec)
+                    p.ok("fetched")   # the worker is up before the clock starts
+                    r0 = proxy.stats()
+                    t_open, _ = p.timed("open a 2")
+                    t_get, got = p.timed(f"get a {first}")
+                    assert got == [str(first)], got
+                    r1 = proxy.stats()
+                    t_batch, n = p.timed(f"check a {first + 1} {first + 1 + batch} 1")
+                    assert n == [str(batch)], n
+                    r2 = proxy.stats()
+                    fetched = [int(x) for x in p.ok("fetched")]
+                    filled = None
+                    if ranges:
+                        t = time.perf_counter()
+                        p.ok("filled a 600000")
+                        filled = (time.perf_counter() - t) * 1000 + t_open + t_get + t_batch
+                    r3 = proxy.stats()
+                finally:
+                    p.close(60)
+                # another fresh executor: open, full scan
+                p = probe()
+                try:
+                    p.ok(spec)
+                    p.ok("fetched")
+                    t_open2, _ = p.timed("open a 2")
+                    t_scan, scanned = p.timed("scan a")
+                    assert scanned[0] == str(keys - 3), scanned
+                finally:
+                    p.close(60)
+                row = dict(latency_ms=latency, mode=mode, open_ms=t_open, first_get_ms=t_get,
+                           open_first_get_ms=t_open + t_get, batch_ms=t_batch,
+                           open_batch_ms=t_open + t_get + t_batch, scan_open_ms=t_open2, scan_ms=t_scan,
+                           open_scan_ms=t_open2 + t_scan,
+                           restore_requests=r1[0] - r0[0], restore_bytes=r1[1] - r0[1],
+                           batch_requests=r2[0] - r0[0], batch_bytes=r2[1] - r0[1],
+                           total_requests=r3[0] - r0[0], total_bytes=r3[1] - r0[1],
+                           shim_fetched_bytes=fetched[0], shim_fetch_requests=fetched[1],
+                           filled_ms=filled)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        result = dict(keys=keys, image_bytes=image_bytes, batch_keys=batch, latencies=latencies, rows=rows,
+                      command=" ".join(["python -m benchmarks.remote_restore", "--keys", str(keys), "--latencies",
+                                        ",".join(map(str, latencies))]))
+        write(result, out)
+        return result
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        moto.terminate()
+        moto.wait(10)
+        os.environ.clear()
+        os.environ.update(env)
+
+
+def write(result: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    mib = result["image_bytes"] / 2**20
+    lines = [
+        "# Restores from object storage (issue 38)",
+        "",
+        f"`{result['command']}` (under `nice -n 19 flock /work/spark.lock`): {result['keys']:,} keys "
+        f"(long → long), row image {mib:.1f} MiB on the loopback S3 server (moto) behind the soak's proxy "
+        f"with the given latency per request; each figure from a fresh JVM and worker. `range`: "
+        f"rowImages.rangeReads=true, `download`: false (the default: the whole image downloaded before "
+        f"the first get). Batch: gets of {result['batch_keys']:,} keys (1%) after the open; no puts, no commit.",
+        "",
+        "| latency | mode | getStore + first get | open + 1% gets | open + full scan | requests / MiB (restore) "
+        "| requests / MiB (open + 1% gets) | requests / MiB (until the copy is complete) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    by = {(r["latency_ms"], r["mode"]): r for r in result["rows"]}
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['latency_ms']} ms | {r['mode']} | {r['open_first_get_ms']:,.0f} ms | {r['open_batch_ms']:,.0f} ms "
+            f"| {r['open_scan_ms']:,.0f} ms | {r['restore_requests']} / {r['restore_bytes'] / 2**20:.2f} "
+            f"| {r['batch_requests']} / {r['batch_bytes'] / 2**20:.2f} | {r['total_requests']} / "
+            f"{r['total_bytes'] / 2**20:.2f} |")
+    lines += ["", "Ratios, range ÷ download:", "", "| latency | getStore + first get | open + 1% gets | open + full scan |",
+              "|---|---|---|---|"]
+    for latency in result["latencies"]:
+        a, b = by.get((latency, "range")), by.get((latency, "download"))
+        if a and b:
+            lines.append(f"| {latency} ms | {a['open_first_get_ms'] / b['open_first_get_ms']:.2f}× "
+                         f"| {a['open_batch_ms'] / b['open_batch_ms']:.2f}× | {a['open_scan_ms'] / b['open_scan_ms']:.2f}× |")
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--keys", type=int, default=1_000_000)
+    ap.add_argument("--latencies", default="0,10,50")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "remote-restore")
+    args = ap.parse_args()
+    run(args.keys, [int(x) for x in args.latencies.split(",")], args.out)
+
+
+if __name__ == "__main__":
+    main()

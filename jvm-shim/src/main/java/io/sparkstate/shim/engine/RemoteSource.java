@@ -1,0 +1,127 @@
+package io.sparkstate.shim.engine;
+
+import java.io.EOFException;
+import java.io.IOException;
+import java.nio.file.Path;
+
+/**
+ * A remote row image's bytes as one store reads them: the tail its load sent (index, filter header,
+ * trailer: the image opens without a request), then pages of the executor's local copy
+ * ({@link CachedImage}), fetched through the worker when missing. A failed fetch is a
+ * {@link RowImageException} that is not damage ({@link RowImageException#damaged}): the task fails and
+ * its retry may restore from the image again.
+ */
+final class RemoteSource implements BlockSource {
+  private final ImageCache cache;
+  private final CachedImage image;
+  private final RangeReader reader;
+  private volatile RemoteImage tail;
+  private volatile boolean closed;
+
+  RemoteSource(ImageCache cache, CachedImage image, RemoteImage remote) {
+    this.cache = cache;
+    this.image = image;
+    this.tail = remote;
+    RangeReader fetcher = remote.reader;
+    this.reader = (from, to, body) -> {
+      long bytes = 0;
+      for (int i = 0; i < from.length; i++) {
+        bytes += to[i] - from[i];
+      }
+      cache.counted(bytes);
+      fetcher.fetch(from, to, body);
+    };
+  }
+
+  @Override
+  public long size() {
+    return image.size;
+  }
+
+  @Override
+  public byte[] read(long position, int length) throws IOException {
+    RemoteImage t = tail;
+    if (t != null) {
+      for (int i = 0; i < t.tail.length; i++) {
+        if (t.tailFrom[i] <= position && position + length <= t.tailTo[i]) {
+          byte[] out = new byte[length];
+          System.arraycopy(t.tail[i], (int) (position - t.tailFrom[i]), out, 0, length);
+          return out;
+        }
+      }
+    }
+    try {
+      return image.read(position, length, reader);
+    } catch (EOFException e) {
+      throw e;
+    } catch (IOException e) {
+      throw RowImageException.unfetched(name(), e);
+    }
+  }
+
+  @Override
+  public byte[] reread(long position, int length) throws IOException {
+    try {
+      return image.reread(position, length, reader);
+    } catch (IOException e) {
+      throw RowImageException.unfetched(name(), e);
+    }
+  }
+
+  @Override
+  public void prefetch(long[] from, long[] to) throws IOException {
+    image.prefetch(from, to, reader);
+  }
+
+  @Override
+  public boolean remote() {
+    return true;
+  }
+
+  @Override
+  public void background(Runnable job) {
+    cache.submit(() -> {
+      if (!closed) {
+        job.run();
+      }
+    });
+  }
+
+  /** The image is open: the tail's bytes are in its index and filter now. */
+  void opened() {
+    tail = null;
+  }
+
+  /** Starts fetching the rest of the image into the local copy in the background. */
+  void startFill() {
+    cache.fill(image, reader);
+  }
+
+  boolean isClosed() {
+    return closed;
+  }
+
+  /** The copy this source reads (tests). */
+  CachedImage image() {
+    return image;
+  }
+
+  @Override
+  public String name() {
+    return image.name;
+  }
+
+  @Override
+  public Path path() {
+    return image.file;
+  }
+
+  @Override
+  public synchronized void close() {
+    if (!closed) {
+      closed = true;
+      tail = null;
+      cache.release(image);
+    }
+  }
+}

@@ -1,0 +1,233 @@
+"""Restores over row images on remote checkpoint storage (issue 38), through spark_state providers in a JVM with a
+real worker (tests/jvm/RemoteImageProbe.java) and the loopback S3 server: a store restored on an executor that
+holds none of its files reads the image's tail from the load reply and fetches only the blocks its lookups need,
+by range, while the rest arrives in the executor's local cache in the background; the cache is bounded and
+evicts, and a copy that vanished, shrank or was damaged costs a fetch, never a wrong answer."""
+
+from __future__ import annotations
+
+import re
+import sys
+import uuid
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from tests.support import s3_server
+from tests.support.jvm_probes import ProbeProcess, probe_command
+
+KEYS = 20_000
+#: Row images for every snapshot; the changes after one are compacted only when asked for.
+IMAGES = ["rowImages.minRows=0", "snapshotInterval=100", "rowImages.rangeReads=true"]
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> str:
+    return s3_server.start()
+
+
+@pytest.fixture(scope="module")
+def classes(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("remote-probe")
+
+
+class Probe(ProbeProcess):
+    """A JVM of providers; ``options`` go to every provider it makes (sparkState.* short names)."""
+
+    def __init__(self, classes: Path, tmp: Path, *jvm: str):
+        cmd = probe_command("RemoteImageProbe.java", "io.sparkstate.shim.engine.RemoteImageProbe", classes,
+                            f"-Djava.io.tmpdir={tmp}", *jvm, heap="512m")
+        super().__init__(cmd)
+        self.tmp = tmp
+
+    def ok(self, line: str) -> list[str]:
+        reply = self.answer(line)
+        assert reply.startswith("OK"), f"{line}: {reply}"
+        return reply.split()[1:]
+
+    def provider(self, name: str, checkpoint: Path, partition: int, *options: str) -> None:
+        self.ok(f"provider {name} {checkpoint} {sys.executable} {partition} {' '.join(options)}")
+
+    def cached(self) -> list[dict]:
+        self.send("cached")
+        out = []
+        while (line := self.read()) != "END":
+            _, name, local, present, pages, users, reserved = line.split(" ")
+            out.append(dict(name=name, local=Path(local), present=int(present), pages=int(pages), users=int(users),
+                            reserved=int(reserved)))
+        return out
+
+    def fetched(self) -> tuple[int, int]:
+        b, r = self.ok("fetched")
+        return int(b), int(r)
+
+
+def s3_root(endpoint: str) -> str:
+    bucket = f"remote-{uuid.uuid4().hex[:8]}"
+    s3_server.make_bucket(bucket)
+    return f"s3://{bucket}/state"
+
+
+def build(probe: Probe, name: str, checkpoint: Path, partition: int, root: str, *options: str) -> int:
+    """Version 1 of KEYS keys (k -> k), compacted into a snapshot with its image; version 2 changes a few keys
+    after it. Returns the image's size."""
+    probe.provider(name, checkpoint, partition, f"checkpointRoot={root}", *IMAGES, *options)
+    assert probe.ok(f"write {name} 0 0 {KEYS} 1") == ["1"]
+    probe.ok("drain")
+    assert probe.ok(f"remove {name} 1 0 1 2") == ["2"]
+    fs = fsspec.filesystem("s3")
+    images = [p for p in fs.find(root.removeprefix("s3://")) if p.endswith(".img") and f"/{partition}/" in p]
+    assert len(images) == 1, images
+    return fs.size(images[0])
+
+
+def test_a_restore_reads_the_index_from_the_load_and_only_the_blocks_its_lookups_need(endpoint, classes, tmp_path):
+    """No background fill (imageFillStreams=0): what a restore fetches is exactly what its gets need."""
+    probe = Probe(classes, tmp_path, "-Dspark_state.imageFillStreams=0", "-Dspark_state.imageCachePage=4096")
+    try:
+        size = build(probe, "a", tmp_path / "ckpt", 0, s3_root(endpoint))
+        before = probe.fetched()
+        probe.ok("open a 2")
+        # the image opened from the tail its load sent; its key filter may be on its way (one request)
+        assert probe.fetched()[1] - before[1] <= 1
+        [copy] = probe.cached()
+        filter_bytes = 8 * -(-10 * KEYS // 64)
+        assert copy["name"].endswith(".img") and copy["name"].startswith("s3://")
+        assert copy["present"] * 4096 <= filter_bytes + 2 * 4096, "no page but the filter's"
+        assert probe.ok("get a 1000 5000 0 19999 777777") == ["1000", "5000", "null", "19999", "null"]
+        fetched, requests = probe.fetched()
+        # each get one request for its block's pages (4 KiB pages, a block ~ 2 KiB); the filter maybe, once
+        assert requests - before[1] <= 4 + 1, (requests, before)
+        assert fetched - before[0] <= 4 * 3 * 4096 + filter_bytes + 4096 * 2 < size, (fetched, size)
+        [copy] = probe.cached()
+        assert 0 < copy["present"] < copy["pages"], copy
+        assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
+        assert probe.ok("check a 0 3 0") == ["3"]
+        assert probe.ok("scan a") == [str(KEYS - 3), str(sum(range(3, KEYS)))]
+        [copy] = probe.cached()
+        # every block was read once and kept; only the tail's pages (index, trailer: sent with the load) are not
+        assert copy["pages"] - copy["present"] <= 2, copy
+        before = probe.fetched()
+        assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
+        assert probe.fetched() == before, "a second pass reads only the local copy"
+    finally:
+        probe.close()
+
+
+def test_the_background_fill_completes_the_local_copy_and_later_restores_fetch_nothing(endpoint, classes, tmp_path):
+    probe = Probe(classes, tmp_path, "-Dspark_state.imageCachePage=4096", "-Dspark_state.imageFillRange=16384",
+                  "-Dspark_state.imageFillBytes=65536")
+    try:
+        size = build(probe, "a", tmp_path / "ckpt", 0, s3_root(endpoint))
+        before = probe.fetched()
+        probe.ok("open a 2")
+        assert probe.ok("get a 7 8 9") == ["7", "8", "9"]
+        assert probe.ok("filled a 60000") == []
+        [copy] = probe.cached()
+        assert copy["present"] == copy["pages"] and copy["users"] == 1, copy
+        fetched, requests = probe.fetched()
+        # the whole image once (the tail came with the load; a page under a lookup may be fetched twice at most)
+        assert size * 0.9 <= fetched - before[0] <= size + 8 * 4096, (fetched - before[0], size)
+        assert requests - before[1] <= size // 65536 + 16, "the fill asks for many pages at once"
+        assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
+        probe.ok("release a")
+        before = probe.fetched()
+        probe.ok("open a 2")   # a new provider (a task moved back): the copy is reused
+        assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
+        assert probe.ok("scan a") == [str(KEYS - 3), str(sum(range(3, KEYS)))]
+        assert probe.fetched() == before, "a complete copy serves a later restore without a request"
+    finally:
+        probe.close()
+
+
+def test_a_copy_that_vanished_or_was_damaged_is_fetched_again_and_answers_right(endpoint, classes, tmp_path):
+    probe = Probe(classes, tmp_path, "-Dspark_state.imageCachePage=4096")
+    try:
+        build(probe, "a", tmp_path / "ckpt", 0, s3_root(endpoint))
+        probe.ok("open a 2")
+        assert probe.ok("filled a 60000") == []
+        probe.ok("release a")
+        [copy] = probe.cached()
+        assert copy["users"] == 0 and copy["local"].exists()
+        # damaged while idle: every page but the last (the tail) overwritten with garbage, same size
+        data = bytearray(copy["local"].read_bytes())
+        data[: len(data) - 4096] = b"\x5a" * (len(data) - 4096)
+        copy["local"].write_bytes(bytes(data))
+        before = probe.fetched()
+        probe.ok("open a 2")
+        assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
+        assert probe.ok("check a 0 3 0") == ["3"]
+        assert probe.fetched()[1] > before[1], "the damaged blocks were read again from the checkpoint"
+        probe.ok("release a")
+        # vanished while idle
+        [copy] = probe.cached()
+        copy["local"].unlink()
+        before = probe.fetched()
+        probe.ok("open a 2")
+        assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
+        assert probe.ok("scan a") == [str(KEYS - 3), str(sum(range(3, KEYS)))]
+        assert probe.fetched()[1] > before[1]
+        # truncated under a reading store
+        probe.ok("release a")
+        probe.ok("open a 2")
+        assert probe.ok("filled a 60000") == []
+        [copy] = probe.cached()
+        with open(copy["local"], "r+b") as f:
+            f.truncate(4096)
+        assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
+    finally:
+        probe.close()
+
+
+def test_the_cache_is_bounded_and_evicts_the_least_recently_used_idle_copy(endpoint, classes, tmp_path):
+    root = s3_root(endpoint)
+    probe = Probe(classes, tmp_path, "-Dspark_state.imageCachePage=4096")
+    try:
+        sizes = [build(probe, name, tmp_path / "ckpt", p, root) for p, name in enumerate("abc")]
+        bound = int(max(sizes) * 1.5)
+        for name in "abc":
+            probe.provider(name, tmp_path / "ckpt", "abc".index(name), f"checkpointRoot={root}", *IMAGES,
+                           f"rowImages.cacheSize={bound}")
+        for name in "abc":
+            probe.ok(f"open {name} 2")
+            assert probe.ok(f"check {name} 3 {KEYS} 1") == [str(KEYS - 3)]
+            probe.ok(f"release {name}")
+            copies = probe.cached()
+            assert sum(c["reserved"] for c in copies) <= bound, copies
+            assert sum(c["local"].stat().st_blocks * 512 for c in copies if c["local"].exists()) <= bound + 65536
+        kept = [c["name"] for c in probe.cached() if c["reserved"] > 0]
+        assert len(kept) == 1, "the two older copies were evicted"
+        probe.ok("open a 2")   # evicted: fetched again, right
+        assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
+    finally:
+        probe.close()
+
+
+def test_bytes_the_checkpoint_lost_fail_the_read_clearly(endpoint, classes, tmp_path):
+    probe = Probe(classes, tmp_path, "-Dspark_state.imageFillStreams=0", "-Dspark_state.imageCachePage=4096")
+    try:
+        root = s3_root(endpoint)
+        build(probe, "a", tmp_path / "ckpt", 0, root)
+        probe.ok("open a 2")
+        fs = fsspec.filesystem("s3")
+        [image] = [p for p in fs.find(root.removeprefix("s3://")) if p.endswith(".img")]
+        fs.rm(image)
+        reply = probe.answer("get a 12345")
+        assert reply.startswith("ERR") and "cannot fetch bytes of the row image" in reply, reply
+    finally:
+        probe.close()
+
+
+def test_a_local_checkpoint_is_read_in_place_without_the_cache(classes, tmp_path):
+    probe = Probe(classes, tmp_path)
+    try:
+        probe.provider("a", tmp_path / "ckpt", 0, *IMAGES)
+        assert probe.ok(f"write a 0 0 {KEYS} 1") == ["1"]
+        probe.ok("drain")
+        assert probe.ok("remove a 1 0 1 2") == ["2"]
+        probe.ok("open a 2")
+        assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
+        assert probe.cached() == [] and probe.fetched() == (0, 0)
+    finally:
+        probe.close()

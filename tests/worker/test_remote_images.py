@@ -1,0 +1,114 @@
+"""Requests of a shim that reads remote row images by byte range (issue 38), through a real worker process on
+the loopback S3 server: a lazy ``load`` with ``ranges`` names the image by its path in the store and sends its
+tail before the changes; ``fetch`` answers the bytes of any ranges of it, exactly, and refuses what is not a
+file of the store or not a range."""
+
+from __future__ import annotations
+
+import io
+import uuid
+
+import pyarrow as pa
+import pytest
+
+from spark_state.format import rowimage
+from spark_state.worker.protocol import ipc_to_table, table_to_ipc
+from tests.support import s3_server
+from tests.support.changes import typed_changes
+from tests.support.worker_client import Worker
+
+
+@pytest.fixture
+def worker(tmp_path):
+    s3_server.start()   # the worker inherits the endpoint (tests/conftest.py put it in the environment)
+    w = Worker(tmp_path)
+    yield w
+    w.close()
+
+
+def changes(rows: list[tuple[int, int | None]]) -> pa.Table:
+    return typed_changes([({"k": k}, None if v is None else {"n": v}) for k, v in rows],
+                         pa.struct([("k", pa.int64())]), pa.struct([("n", pa.int64())]), hash_of=lambda key: key["k"] * 7)
+
+
+@pytest.fixture
+def compacted(worker, tmp_path):
+    """A connection and a store on S3 whose version 2 is its compacted snapshot's image plus one delta."""
+    bucket = f"ranges-{uuid.uuid4().hex[:8]}"
+    s3_server.make_bucket(bucket)
+    root = tmp_path / "ckpt" / "state"
+    base = {"store": {"sparkRoot": f"file:{root}", "location": f"file:{root}/0/0", "operator": 0, "partition": 0,
+                      "name": "default", "queryId": "q-38"},
+            "options": {"checkpointRoot": f"s3://{bucket}/state", "rowImages.minRows": "0", "snapshotInterval": "100",
+                        "rowImages.rangeReads": "true"}}
+    conn = worker.connect()
+    resp, _ = conn.request({"op": "commit", "version": 1, **base}, table_to_ipc(changes([(k, k) for k in range(3000)])))
+    assert resp["ok"], resp
+    resp, _ = conn.request({"op": "drain", "timeoutMs": 60_000})   # the first snapshot's image
+    assert resp == {"ok": True, "pending": 0}, resp
+    resp, _ = conn.request({"op": "commit", "version": 2, **base}, table_to_ipc(changes([(0, None), (1, 100)])))
+    assert resp["ok"], resp
+    return conn, base, bucket
+
+
+def test_a_lazy_load_with_ranges_names_the_image_and_sends_its_tail_before_the_changes(compacted):
+    conn, base, bucket = compacted
+    resp, body = conn.request({"op": "load", "version": 2, "images": True, "ranges": True, **base})
+    assert resp["ok"] and resp["rows"] == 2, resp
+    image = resp["image"]
+    assert "path" not in image and image["file"].startswith("shared/") and image["file"].endswith(".img")
+    assert image["id"].endswith("/" + image["file"]) and image["id"].startswith(f"s3://{bucket}/state/")
+    assert image["rows"] == 3000 and image["checksum"].startswith("crc32:")
+    (index_start, index_end), (end_start, end) = image["tail"]
+    assert end == image["size"] and index_end <= end_start
+    tail_bytes = (index_end - index_start) + (end - end_start)
+    rows = ipc_to_table(body[tail_bytes:])
+    assert sorted(zip(rows.column("key").to_pylist(), rows.column("value").to_pylist()),
+                  key=lambda r: r[0]["k"]) == [({"k": 0}, None), ({"k": 1}, {"n": 100})]
+    # every byte of the image by range, ranges in any order and overlapping, is the file
+    whole = image["size"]
+    ranges = [[index_start, whole], [0, 7], [5, index_start]]
+    resp, data = conn.request({"op": "fetch", "file": image["file"], "ranges": ranges, **base})
+    assert resp["ok"] and resp["lengths"] == [whole - index_start, 7, index_start - 5], resp
+    stream = io.BytesIO(data)
+    parts = [stream.read(n) for n in resp["lengths"]]
+    file = parts[1][:5] + parts[2] + parts[0]
+    assert body[:index_end - index_start] == file[index_start:index_end]
+    assert body[index_end - index_start:tail_bytes] == file[end_start:end]
+    assert len(rowimage.RowImage(file, image["file"]).to_table()) == 3000
+    # without ranges, the image is downloaded as before
+    resp, _ = conn.request({"op": "load", "version": 2, "images": True, **base})
+    assert resp["ok"] and resp["image"]["temporary"] and resp["image"]["path"].endswith(".img"), resp
+    # with rangeReads off too
+    off = {**base, "options": {**base["options"], "rowImages.rangeReads": "false"}}
+    resp, _ = conn.request({"op": "load", "version": 2, "images": True, "ranges": True, **off})
+    assert resp["ok"] and resp["image"]["temporary"], resp
+
+
+@pytest.mark.parametrize("bad", [
+    {"file": "/etc/passwd"}, {"file": "../1/shared/x.img"}, {"file": "shared/../../x"}, {"file": ""}, {"file": 7},
+    {"ranges": []}, {"ranges": [[5, 5]]}, {"ranges": [[-1, 4]]}, {"ranges": [[0, "9"]]}, {"ranges": [[0, 1, 2]]},
+    {"ranges": [[0, 1.5]]}, {"ranges": "0-9"}, {"ranges": [[0, 300 << 20]]},
+])
+def test_fetch_refuses_what_is_not_a_file_of_the_store_or_not_a_range(compacted, bad):
+    conn, base, _ = compacted
+    resp, _ = conn.request({"op": "load", "version": 2, "images": True, "ranges": True, **base})
+    request = {"op": "fetch", "file": resp["image"]["file"], "ranges": [[0, 8]], **base, **bad}
+    resp, body = conn.request(request)
+    assert not resp["ok"] and resp["kind"] == "ProtocolError" and body == b"", resp
+    resp, _ = conn.request({"op": "latest", **base})   # the connection is still in step
+    assert resp["version"] == 2
+
+
+def test_fetch_past_the_end_or_of_a_vanished_file_is_a_storage_error(compacted):
+    conn, base, bucket = compacted
+    resp, _ = conn.request({"op": "load", "version": 2, "images": True, "ranges": True, **base})
+    image = resp["image"]
+    resp, _ = conn.request({"op": "fetch", "file": image["file"], "ranges": [[image["size"] - 4, image["size"] + 4]],
+                            **base})
+    assert not resp["ok"] and resp["kind"] == "StorageError" and "shorter than the manifest" in resp["error"], resp
+    import fsspec
+
+    fsspec.filesystem("s3").rm_file(image["id"].removeprefix("s3://"))
+    resp, _ = conn.request({"op": "fetch", "file": image["file"], "ranges": [[0, 8]], **base})
+    assert not resp["ok"] and resp["kind"] == "StorageError" and "missing" in resp["error"], resp
