@@ -66,6 +66,27 @@ def test_moving_tasks_restore_lazily_from_row_images_and_spill(cluster, tmp_path
     check_versions_load(q.checkpoint)
 
 
+def test_every_store_spills_under_a_32k_budget_while_tasks_move_and_the_query_restarts(cluster, tmp_path):
+    """State several times a 32 KiB budget on each executor (1,500 keys, about 500 changed per batch): every
+    store spills during its batches and at every commit and its runs merge in the background, while every batch's
+    tasks fail after their commit and are retried on the other executor (which restores the version lazily from
+    a row image, then spills over it), and the query stops and restarts half-way. Every batch stays exact, every
+    batch spilled, and storage holds exactly the totals of the input."""
+    q = RunningTotals(cluster, tmp_path, seed=35, fail_batches=range(1, 4), keys=1500, rows=600,
+                      options={"row_images_min_rows": 0, "memory_limit": "32k"})
+    for files in (2, 2):
+        q.add(files)
+        q.run()
+        q.assert_exact()
+    moved = [(b, p) for b in range(1, 4) for p in range(PARTITIONS) if len(set(q.ran_on(b, p))) == 2]
+    assert moved, f"no batch moved to the other executor; the test proved nothing: {q.attempts()}"
+    spills = [op.get("customMetrics", {}).get("sparkStateSpills", 0)
+              for p in q.query.progress if p["numInputRows"] > 0 for op in p["stateOperators"]]
+    assert len(spills) == 4 and all(n > 0 for n in spills), f"sparkStateSpills of each batch: {spills}"
+    assert stored_totals(cluster, q.checkpoint) == q.totals()
+    check_versions_load(q.checkpoint)
+
+
 def state_files(checkpoint) -> list[str]:
     """Every file under the checkpoint's state directory (names only)."""
     return [p.name for p in (checkpoint / "state").rglob("*") if p.is_file()]

@@ -31,6 +31,7 @@ import org.apache.spark.unsafe.types.UTF8String;
  *                           "." nothing, "r" remove that key, "u:V" put that key with V,
  *                           "d:K" remove K, "p:K:V" put K with V
  *   held                  → OK, or BAD and the first row handed out by get whose bytes changed since
+ *   restore SEED KNOWN    → OK size   (a new map restored lazily over a row image of the rows, see {@link #restore})
  *   race KEYS OPS         → OK, or BAD and what went wrong: one thread puts and removes OPS times over
  *                           KEYS keys while two others get and iterate (see {@link #race})
  * </pre>
@@ -97,6 +98,82 @@ public class ArenaProbe {
         ENGINE, e -> { });
   }
 
+  /** The store's spec for {@link #restore} (the order {@link #newMap} keeps too). */
+  static StoreSpec spec() {
+    KeyHasher hasher = new KeyHasher(KEY, 1, Integer.getInteger("probe.maxParallelism", 4));
+    return new StoreSpec(KEY, VALUE.fields().length, 0, KeyOrder.of(hasher::hash, hasher::keyGroup), e -> { });
+  }
+
+  /**
+   * What a provider's lazy load does: a new store over a row image of "the checkpoint's snapshot", the changes
+   * after it applied blind ({@link Restore#change}); snapshot + changes = the old store's rows. Of each row the
+   * image holds it (3 in 5), an older value the changes replace (1 in 5) or nothing, the changes adding it
+   * (1 in 5); it also holds a few keys the changes delete, and the changes add and delete a key the image never
+   * had. {@code known}: the load reply tells the key count (else the store counts by a walk). The old store is
+   * closed; the new one begins a batch, as a provider's getStore does.
+   */
+  static StateMap restore(StateMap old, long seed, boolean known) throws java.io.IOException {
+    java.util.Random rnd = new java.util.Random(seed);
+    List<UnsafeRow[]> rows = new ArrayList<>();
+    Iterator<UnsafeRowPair> it = old.iterator();
+    while (it.hasNext()) {
+      UnsafeRowPair p = it.next();
+      rows.add(new UnsafeRow[] {p.key().copy(), p.value().copy()});
+    }
+    List<UnsafeRow[]> image = new ArrayList<>();
+    List<UnsafeRow[]> changes = new ArrayList<>();
+    for (UnsafeRow[] r : rows) {
+      int c = rnd.nextInt(5);
+      if (c < 3) {
+        image.add(r);
+      } else if (c == 3) {
+        image.add(new UnsafeRow[] {r[0], value(hex(("stale-" + rnd.nextInt(1000)).getBytes(StandardCharsets.UTF_8)))});
+        changes.add(r);
+      } else {
+        changes.add(r);
+      }
+    }
+    for (int i = 0, n = 1 + rnd.nextInt(3); i < n; i++) {
+      UnsafeRow gone = key(hex(("gone-" + i).getBytes(StandardCharsets.UTF_8)));
+      image.add(new UnsafeRow[] {gone, value("00")});
+      changes.add(new UnsafeRow[] {gone, null});
+    }
+    java.util.Collections.shuffle(changes, rnd);
+    UnsafeRow passing = key(hex("passing".getBytes(StandardCharsets.UTF_8)));
+    changes.add(new UnsafeRow[] {passing, value("01")});
+    changes.add(new UnsafeRow[] {passing, null});
+
+    StoreSpec spec = spec();
+    java.nio.file.Path file = java.nio.file.Files.createTempFile(
+        java.nio.file.Paths.get(System.getProperty("java.io.tmpdir")), "snapshot-", ".img");
+    int n = image.size();
+    int[] groups = new int[n];
+    int[] hashes = new int[n];
+    UnsafeRow[] keys = new UnsafeRow[n];
+    UnsafeRow[] values = new UnsafeRow[n];
+    for (int i = 0; i < n; i++) {
+      keys[i] = image.get(i)[0];
+      values[i] = image.get(i)[1];
+      hashes[i] = spec.order().hash(keys[i]);
+      groups[i] = spec.order().keyGroup(hashes[i]);
+    }
+    try (RowImageWriter w = new RowImageWriter(file, 200, true, n)) {
+      w.addUnsorted(n, groups, hashes, keys, values);
+      w.finish();
+    }
+    old.close();
+    Restore restore = ENGINE.restore(spec, file, n, true, changes.size());
+    if (restore == null) {
+      throw new IllegalStateException("the snapshot's image was refused");
+    }
+    for (UnsafeRow[] c : changes) {
+      restore.change(c[0], c[1]);
+    }
+    StateMap restored = restore.finish(known ? rows.size() : -1);
+    restored.endBatch();
+    return restored;
+  }
+
   /** What a write answers, by its code (StateMap.ABSENT, HELD, CHANGED). */
   static final String[] STATUS = {"ABSENT", "HELD", "CHANGED", "UNCHANGED"};
   static final MemoryBudget BUDGET = new MemoryBudget(Long.getLong("probe.budget", 1L << 30));
@@ -143,6 +220,10 @@ public class ArenaProbe {
         case "batch":
           map.endBatch();
           out.println("OK");
+          break;
+        case "restore":
+          map = restore(map, Long.parseLong(a[1]), a[2].equals("1"));
+          out.println("OK " + map.size());
           break;
         case "runs":
           out.println(((LayeredMap) map).runCount());

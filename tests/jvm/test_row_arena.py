@@ -68,6 +68,7 @@ ops = st.one_of(
     st.tuples(st.just("spill")),
     st.tuples(st.just("batch")),
     st.tuples(st.just("size")),
+    st.tuples(st.just("restore"), st.integers(0, 2**31), st.booleans()),
 )
 
 
@@ -150,6 +151,9 @@ def test_the_arena_map_behaves_as_a_dict(probe, script):
             changed.clear()
         elif op[0] == "size":   # asked now and then: until then puts may leave keys to settle
             assert probe.ask("size") == str(len(model))
+        elif op[0] == "restore":   # restored lazily over a row image of its rows (ArenaProbe.restore)
+            assert probe.ask(f"restore {op[1]} {int(op[2])}") == f"OK {len(model)}"
+            changed.clear()
         else:
             iterate(probe, model, op[1], changed)
     assert probe.ask("size") == str(len(model))

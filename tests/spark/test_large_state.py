@@ -10,11 +10,13 @@ the HDFS provider's, batch by batch, for every operator (session windows' prefix
 
 from __future__ import annotations
 
+import os
+import struct
 from pathlib import Path
 
 import pytest
 
-from tests.support.scenarios import SCENARIOS, run_scenario
+from tests.support.scenarios import SCENARIOS, TIMEOUTS, run_scenario
 from tests.support.spark import JsonStream, Query, QueryFailed
 from tests.support.stores import open_stored, store_root
 
@@ -70,15 +72,18 @@ def test_lazy_restores_from_row_images_give_hdfs_output(spark, tmp_path, name):
     assert any(n > 0 for n in image_rows(twin.test)), "no batch looked keys up in a row image"
 
 
-@pytest.mark.parametrize("name", ["agg_update", "dedup", "dedup_watermark", "join_inner", "session_window",
-                                  "apply_in_pandas_then_window_agg"])
+@pytest.mark.parametrize("name", ["agg_update", "dedup", "dedup_watermark", "dedup_within_watermark", "join_inner",
+                                  "session_window", "apply_in_pandas_then_window_agg", "apply_in_pandas_timeouts"])
 def test_stores_over_their_memory_limit_spill_and_give_hdfs_output(spark, tmp_path, name):
     """memoryLimit of 1 KiB: every commit spills the changed rows to sorted runs on local disk (merged in the
-    background), so the second phase reads, scans and prefix-scans rows that live only in runs."""
-    twin = run_scenario(spark, tmp_path, SCENARIOS[name], tested="spark_state",
-                        options={**IMAGES, "memory_limit": "1k"})
+    background), so the second phase reads, scans and prefix-scans rows that live only in runs; applyInPandasWithState's
+    event-time timeouts walk the whole store and remove the rows of the keys that timed out."""
+    scenario = TIMEOUTS if name == TIMEOUTS.name else SCENARIOS[name]
+    twin = run_scenario(spark, tmp_path, scenario, tested="spark_state", options={**IMAGES, "memory_limit": "1k"})
     twin.assert_same()
     assert any(n > 0 for n in image_rows(twin.test)), "no store spilled its rows to a row image"
+    if name == "apply_in_pandas_timeouts":
+        assert any(row[3] == "timeout" for row in twin.ref.rows()), "no key timed out; the scenario proves nothing"
 
 
 def counts_with_images(spark, tmp_path):
@@ -138,3 +143,67 @@ def test_a_damaged_block_found_by_a_lookup_fails_the_batch_clearly_and_the_rerun
     else:
         query.run()
     assert sorted(query.outputs[1]) == [("a", 3), ("b", 4), ("c", 2), ("d", 1)]
+
+
+# ------------------------------------------------------------------ damaged spill runs
+
+def spill_runs(pid: int) -> dict[str, str]:
+    """The spill runs a JVM holds open, /proc/<pid>/fd/N -> the file's path: runs are unlinked once open (read
+    through their descriptors), yet whoever may open the process's descriptors can still write them."""
+    runs = {}
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if "spark-state-spill-" in target and target.endswith(" (deleted)"):
+            runs[str(fd)] = target[:-len(" (deleted)")]
+    return runs
+
+
+def flip_blocks(fd: str) -> None:
+    """XORs every byte of a run's blocks, leaving its index and trailer whole (it opened; only the CRC-32 of a
+    block read tells)."""
+    with open(fd, "r+b") as f:
+        f.seek(-40, os.SEEK_END)
+        (blocks_end,) = struct.unpack("<Q", f.read(8))
+        f.seek(0)
+        blocks = bytearray(f.read(blocks_end))
+        for i in range(len(blocks)):
+            blocks[i] ^= 0x5A
+        f.seek(0)
+        f.write(blocks)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs Linux's /proc")
+def test_a_damaged_spill_run_fails_the_batch_clearly_and_the_rerun_reloads_exact_state(spark, tmp_path):
+    """A running count under memoryLimit=1k: batch 0's commit spills each store's rows to a run on local disk.
+    Right after it (the query still running, its stores holding their runs), every block of those runs is damaged
+    through the executor's descriptors. Batch 1 looks up keys that live only there: it fails, with an error naming
+    the damaged file, never with a wrong count; the query restarted re-runs it from the checkpoint, exact."""
+    events = JsonStream(tmp_path / "events", "k string, n int")
+    query = Query(spark, lambda s: events.read(s).groupBy("k").count(), tmp_path / "ckpt",
+                  options={"memory_limit": "1k"})
+    pid = spark._jvm.java.lang.ProcessHandle.current().pid()
+    before = set(spill_runs(pid).values())
+    damaged: list[str] = []
+
+    def damage(batch: int) -> None:
+        if batch == 0 and not damaged:
+            for fd, path in spill_runs(pid).items():
+                if path not in before:
+                    flip_blocks(fd)
+                    damaged.append(path)
+
+    query.on_batch = damage
+    events.add([{"k": k, "n": 1} for k in "aabbbc"])
+    events.add([{"k": k, "n": 1} for k in "abd"])
+    with pytest.raises(QueryFailed) as failed:
+        query.run()
+    assert damaged, "batch 0 left no spill run open: nothing was damaged"
+    message = failed.value.message
+    assert "corrupt" in message and any(Path(p).name in message for p in damaged), message
+    assert 1 not in query.outputs, "batch 1 gave an output over damaged runs"
+    query.run()
+    assert query.outputs[0] == [("a", 2), ("b", 3), ("c", 1)]
+    assert query.outputs[1] == [("a", 3), ("b", 4), ("d", 1)]

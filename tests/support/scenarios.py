@@ -12,13 +12,16 @@ reader tests share them.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming.state import GroupStateTimeout
 
+from tests.support import running_total as aip
 from tests.support.spark import JsonStream, Twin, ts
 
 EVENTS = "k string, v long, ts timestamp"
@@ -95,6 +98,15 @@ class Scenario:
     stores: dict = field(default_factory=lambda: {0: ["default"]})
 
 
+def _timeouts(events):
+    """applyInPandasWithState with event-time timeouts: the running total of tests/support/running_total.py, each
+    key timing out 10 s of event time after its last event; the watermark of phase 2 times most keys out (their
+    state removed, found by Spark's walk of the whole store)."""
+    return (events.withWatermark("ts", "5 seconds").groupBy("k")
+            .applyInPandasWithState(functools.partial(aip.running_total, "EventTimeTimeout"), aip.OUTPUT_SCHEMA,
+                                    aip.STATE_SCHEMA, "update", GroupStateTimeout.EventTimeTimeout))
+
+
 def _window_agg(events):
     return (events.withWatermark("ts", "5 seconds")
             .groupBy(F.window("ts", "10 seconds"), "k").agg(F.sum("v").alias("sum"), F.count("*").alias("n")))
@@ -140,6 +152,10 @@ SCENARIOS = {s.name: s for s in [
         .groupBy(F.window("ts", "10 seconds")).agg(F.sum("count").alias("counts"))), "append",
         stores={0: ["default"], 1: ["default"]}),
 ]}
+
+#: applyInPandasWithState with event-time timeouts (not in SCENARIOS: the operator tests run that query in
+#: tests/spark/test_apply_in_pandas_with_state.py; the large-state tests run it under a tiny memory limit).
+TIMEOUTS = Scenario("apply_in_pandas_timeouts", lambda spark, events: _timeouts(events), "update")
 
 
 def run_scenario(spark: SparkSession, workdir: Path, scenario: Scenario, *, tested: str,

@@ -74,6 +74,11 @@ final class LayeredMap implements StateMap {
   private final PrefixIndex prefixes;
   /** The heap rows' share of the budget. */
   private final Reservation heap;
+  /**
+   * The runs' share (their indexes and filters; each {@link Run} adds its own), released with the map: when it
+   * closes, or is collected unclosed (a version nobody closed), as {@link #heap}.
+   */
+  private final Reservation runCharges;
   private RowArena overlay;
   private RowArena tombstones;
   /** Newest first, the bottom last; replaced whole under the lock (a scan or a merge holds its own list). */
@@ -122,6 +127,7 @@ final class LayeredMap implements StateMap {
     this.overlay = new RowArena(keyFields, valueFields, expectedRows);
     this.tombstones = new RowArena(keyFields, 0, 16);
     this.heap = engine.budget().reserve("rows", this);
+    this.runCharges = engine.budget().reserve("runs", this);
   }
 
   /**
@@ -384,7 +390,7 @@ final class LayeredMap implements StateMap {
   @Override
   public synchronized void endBatch() {
     for (Scan s : scans) {
-      s.release();
+      s.forget();
     }
     scans.clear();
     if (runs.isEmpty() && tombstones.size() > 0) {
@@ -409,13 +415,14 @@ final class LayeredMap implements StateMap {
     closed = true;
     heap.close();
     for (Scan s : scans) {
-      s.release();
+      s.forget();
     }
     scans.clear();
     for (Run r : runs) {
       r.release();
     }
     runs = List.of();
+    runCharges.close();   // runs a merge still reads are not the store's any more
   }
 
   private void checkOpen() {
@@ -579,7 +586,7 @@ final class LayeredMap implements StateMap {
     } catch (IOException e) {
       bytes = 0;
     }
-    return new Run(image, bottom, batchOfRun, bytes, engine.budget().reserve("runs", null));
+    return new Run(image, bottom, batchOfRun, bytes, runCharges);
   }
 
   /** Tells the owner of a damaged file; returns the exception for the caller to throw. */
@@ -890,19 +897,33 @@ final class LayeredMap implements StateMap {
     private final MergedCursor lower;
     private UnsafeRowPair next;
     private boolean done;
+    /** Forgotten by its store ({@link #forget}) before it ended. */
+    private boolean forgotten;
 
     Scan() {
       held = runs;
       for (Run r : held) {
         r.retain();
       }
-      lower = held.isEmpty() ? null : new MergedCursor(held);
+      MergedCursor cursor = null;
+      try {
+        cursor = held.isEmpty() ? null : new MergedCursor(held);   // reads each run's first block
+      } catch (RuntimeException e) {
+        release();   // a damaged run: the scan never starts, and must not keep its runs open
+        throw e instanceof RowImageException r ? damaged(r) : e;
+      }
+      lower = cursor;
     }
 
     @Override
     public boolean hasNext() {
       if (next == null && !done) {
         synchronized (LayeredMap.this) {
+          if (forgotten) {
+            // its runs are let go: going on would answer "no more rows" for the rows it can no longer read
+            throw new IllegalStateException("spark_state: an iterator of a state store was read after its batch "
+                + "ended or its version was dropped; the task must be retried");
+          }
           next = advance();
           if (next == null) {
             done = true;
@@ -922,6 +943,12 @@ final class LayeredMap implements StateMap {
       UnsafeRowPair r = next;
       next = null;
       return r;
+    }
+
+    /** The batch ended or the store closed before the scan did: it lets go of its runs and reads no more. */
+    void forget() {
+      forgotten = true;
+      release();
     }
 
     /** Lets go of the runs (the scan ended, or was forgotten). */

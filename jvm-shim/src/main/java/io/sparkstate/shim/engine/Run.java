@@ -25,7 +25,10 @@ final class Run {
   final long batch;
   /** Bytes of the file on local disk. */
   final long fileBytes;
+  /** The runs' share of the budget of the store this run belongs to (shared by its runs). */
   private final Reservation memory;
+  /** What this run adds to {@link #memory}: its index and filter. */
+  private final long charged;
   private int refs = 1;
 
   Run(RowImage image, boolean bottom, long batch, long fileBytes, Reservation memory) {
@@ -34,7 +37,8 @@ final class Run {
     this.batch = batch;
     this.fileBytes = fileBytes;
     this.memory = memory;
-    memory.set(image.heapBytes());
+    this.charged = image.heapBytes();
+    memory.add(charged);
   }
 
   long records() {
@@ -61,7 +65,7 @@ final class Run {
         return;
       }
     }
-    memory.close();
+    memory.add(-charged);
     try {
       image.close();
     } catch (IOException e) {
