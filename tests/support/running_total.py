@@ -53,6 +53,25 @@ def running_total(timeout: str, key, pdfs, state):
     yield pd.DataFrame({"k": [k], "total": [total], "n": [n], "kind": ["update"]})
 
 
+def flaky_running_total(marker: str, key, pdfs, state):
+    """running_total, except that it fails once (the marker file's existence) when it meets key "a"."""
+    import os
+
+    if key[0] == "a" and os.path.exists(marker):
+        os.remove(marker)
+        raise RuntimeError("injected failure in the middle of a batch")
+    yield from running_total("EventTimeTimeout", key, pdfs, state)
+
+
+def query_with_hook(events: JsonStream, fn, marker: Path):
+    """The running-total query with `fn` (running_total with a hook that watches the file `marker`)."""
+    def build(spark):
+        return (events.read(spark).withWatermark("ts", "5 seconds").groupBy("k")
+                .applyInPandasWithState(functools.partial(fn, str(marker)), OUTPUT_SCHEMA,
+                                        STATE_SCHEMA, "update", "EventTimeTimeout"))
+    return build
+
+
 def build_query(events: JsonStream, timeout: str, mode: str):
     def build(spark):
         from pyspark.sql.streaming.state import GroupStateTimeout
