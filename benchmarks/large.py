@@ -11,7 +11,7 @@ update mode, ``foreachBatch`` writing to the ``noop`` format, ``local[2]``, 4 sh
 
   build     the keys in two files of keys/2 each, one batch per file
   restart   one more file of 1,000 of those keys, one batch; checked exactly (sum 2·(k % 1000), count 2)
-  steady    batches changing 1% and 10% of the keys (after restart), one batch each
+  steady    a new application: a warm-up batch of 1,000 keys, then batches changing 1% and 10% of the keys
   dedup     the same files through ``dropDuplicates(["k"])`` (its own checkpoint): build, then a restart
             with 1,000 seen and 1,000 new keys, checked exactly (only the new ones come out)
 
@@ -48,9 +48,9 @@ def make_data(data: Path, keys: int, seed: int = 35) -> dict[str, Path]:
 
     root = data / f"k{keys}"
     stamp = root / "_SPEC"
-    spec = f"{keys} {seed} v1"
+    spec = f"{keys} {seed} v2"
     files = {name: root / f"{name}.parquet" for name in
-             ("half0", "half1", "restart", "steady1", "steady10", "dedup_restart")}
+             ("half0", "half1", "restart", "warm", "steady1", "steady10", "dedup_restart")}
     if stamp.exists() and stamp.read_text() == spec:
         return files
     if root.exists():
@@ -65,6 +65,7 @@ def make_data(data: Path, keys: int, seed: int = 35) -> dict[str, Path]:
     write("half0", order[: keys // 2])
     write("half1", order[keys // 2:])
     write("restart", rng.choice(keys, RESTART_KEYS, replace=False).astype(np.int64))
+    write("warm", rng.choice(keys, RESTART_KEYS, replace=False).astype(np.int64))
     write("steady1", rng.choice(keys, keys // 100, replace=False).astype(np.int64))
     write("steady10", rng.choice(keys, keys // 10, replace=False).astype(np.int64))
     seen = rng.choice(keys, RESTART_KEYS, replace=False).astype(np.int64)
@@ -181,7 +182,7 @@ def run_phase(provider: str, phase: str, keys: int, workdir: Path, data: Path, h
     dedup = phase.startswith("dedup")
     src = workdir / ("src-dedup" if dedup else "src")
     ckpt = workdir / ("ckpt-dedup" if dedup else "ckpt")
-    feeds = {"build": ["half0", "half1"], "restart": ["restart"], "steady": ["steady1", "steady10"],
+    feeds = {"build": ["half0", "half1"], "restart": ["restart"], "steady": ["warm", "steady1", "steady10"],
              "dedup-build": ["half0", "half1"], "dedup-restart": ["dedup_restart"]}[phase]
     if phase in ("build", "dedup-build"):
         for d in (src, ckpt):
@@ -275,6 +276,106 @@ def _phase_process(provider, phase, keys, workdir, data, heap, extra, log: Path)
             "wall_s": time.perf_counter() - t0}
 
 
+
+# ------------------------------------------------------------------ report
+
+#: (figure, goal ratio or None, how to read it off the results of one key count)
+def _figures(results: list[dict], keys: int) -> list[tuple[str, str, float | None]]:
+    """(label, metric key, goal) of the issue's table; a metric reads (provider) -> value or None."""
+    return [
+        ("build, both batches (s)", "build_s", 1.0),
+        ("first batch of a new application (s)", "restart_s", 0.8),
+        ("steady batch changing 1% of the keys (s)", "steady1_s", 0.8),
+        ("steady batch changing 10% of the keys (s)", "steady10_s", 0.8),
+        ("dropDuplicates: build, both batches (s)", "dedup_build_s", 1.0),
+        ("dropDuplicates: first batch after a restart (s)", "dedup_restart_s", 0.8),
+        ("peak resident memory of the build, JVM + children (MiB)", "build_rss_mib", 1.0),
+    ]
+
+
+def _metrics(results: list[dict], provider: str, keys: int) -> dict:
+    """The figures of one provider at one key count, from its phases' records (None where it failed)."""
+    by_phase = {r["phase"]: r for r in results if r["provider"] == provider and r["keys"] == keys}
+
+    def batches(phase):
+        r = by_phase.get(phase)
+        return None if r is None or "failed" in r else [b["trigger_ms"] / 1000 for b in r["batches"]]
+
+    m = {}
+    b = batches("build")
+    m["build_s"] = sum(b) if b else None
+    b = batches("restart")
+    m["restart_s"] = b[0] if b else None
+    b = batches("steady")
+    m["steady1_s"], m["steady10_s"] = (b[1], b[2]) if b and len(b) >= 3 else (None, None)
+    b = batches("dedup-build")
+    m["dedup_build_s"] = sum(b) if b else None
+    b = batches("dedup-restart")
+    m["dedup_restart_s"] = b[0] if b else None
+    r = by_phase.get("build")
+    m["build_rss_mib"] = r["peak_rss_bytes"] / 2**20 if r and "failed" not in r else None
+    m["outcome"] = {ph: ("failed: " + r["failed"]) if "failed" in r else
+                    ("exact" if r.get("exact") else "wrong" if r.get("exact") is False else "ran")
+                    for ph, r in by_phase.items()}
+    return m
+
+
+def report(results: list[dict], out: Path, command: str) -> None:
+    """results.md (the issue's table: each figure for RocksDB and spark_state, their ratio, the goal) and
+    ratios.png, for every key count in `results`."""
+    lines = ["# State ten times the heap: spark_state beside Spark's RocksDB provider", "",
+             f"`{command}`; `local[2]`, 4 shuffle partitions, `spark.driver.memory={results[0]['heap']}`, every "
+             "provider option at its default, each phase a new application. Ratios are spark_state ÷ RocksDB "
+             "(lower is better).", ""]
+    plots = []
+    for keys in sorted({r["keys"] for r in results}):
+        ours, rocks = _metrics(results, "spark_state_fs", keys), _metrics(results, "rocksdb", keys)
+        lines += [f"## {keys:,} keys", "", "| figure | RocksDB | spark_state | ratio | goal | met |",
+                  "|---|---:|---:|---:|---:|---|"]
+        for label, key, goal in _figures(results, keys):
+            a, b = rocks.get(key), ours.get(key)
+            if a is None and b is None:
+                continue
+            ratio = b / a if a and b is not None else None
+            met = "" if ratio is None or goal is None else ("yes" if ratio <= goal else f"no, by {ratio / goal - 1:.0%}")
+            fmt = (lambda v: "—" if v is None else f"{v:,.0f}" if key.endswith("mib") else f"{v:.1f}")
+            lines.append(f"| {label} | {fmt(a)} | {fmt(b)} | {'—' if ratio is None else f'{ratio:.2f}×'} | "
+                         f"{'' if goal is None else f'≤ {goal:.1f}×'} | {met} |")
+            if ratio is not None:
+                plots.append((f"{keys // 1_000_000}M: {label}", ratio, goal))
+        lines += ["", "Outcome of each phase:", ""]
+        for provider in sorted({r["provider"] for r in results if r["keys"] == keys}):
+            phases = _metrics(results, provider, keys)["outcome"]
+            lines.append(f"- {provider}: " + ", ".join(f"{ph} {o}" for ph, o in phases.items()))
+        lines.append("")
+    lines += ["Raw records (every batch, GC time, the spark_state metrics of each batch): `results.json`.", ""]
+    (out / "results.md").write_text("\n".join(lines))
+    if plots:
+        _plot(plots, out / "ratios.png")
+
+
+def _plot(rows: list[tuple[str, float, float | None]], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.2))
+    labels = [r[0] for r in rows][::-1]
+    ratios = [r[1] for r in rows][::-1]
+    goals = [r[2] for r in rows][::-1]
+    colors = ["tab:green" if g is None or v <= g else "tab:red" for v, g in zip(ratios, goals)]
+    ax.barh(labels, ratios, color=colors)
+    for y, g in enumerate(goals):
+        if g is not None:
+            ax.plot([g, g], [y - 0.4, y + 0.4], color="black", linewidth=1)
+    ax.axvline(1.0, color="grey", linestyle=":")
+    ax.set_xlabel("spark_state ÷ RocksDB (lower is better; black tick: the goal)")
+    ax.set_title("State ten times the heap (1 GiB heap, local[2], defaults)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -285,6 +386,9 @@ def main(argv=None) -> int:
     run.add_argument("--providers", default="rocksdb,spark_state_fs")
     run.add_argument("--phases", default="build,restart,steady,dedup-build,dedup-restart")
     run.add_argument("--out", type=Path, default=HERE / "out" / "large")
+    run.add_argument("--hdfs", action="store_true", help="also run the build phase on Spark's HDFS provider")
+    rep = sub.add_parser("report", help="results.md and ratios.png again from a results.json")
+    rep.add_argument("results", type=Path)
     for p in (one, run):
         p.add_argument("--keys", type=int, default=10_000_000)
         p.add_argument("--workdir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "bench-large")
@@ -292,6 +396,9 @@ def main(argv=None) -> int:
         p.add_argument("--heap", default="1g")
         p.add_argument("--conf", action="append", default=[], help="extra Spark conf key=value")
     args = ap.parse_args(argv)
+    if args.cmd == "report":
+        report(json.loads(args.results.read_text()), args.results.parent, "python -m benchmarks.large run")
+        return 0
     extra = dict(c.split("=", 1) for c in args.conf)
     if args.cmd == "phase":
         res = run_phase(args.provider, args.phase, args.keys, args.workdir / args.provider, args.data, args.heap,
@@ -300,14 +407,20 @@ def main(argv=None) -> int:
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     make_data(args.data, args.keys)
-    results = []
-    for phase in args.phases.split(","):
-        for provider in args.providers.split(","):
-            res = _phase_process(provider, phase, args.keys, args.workdir / provider, args.data, args.heap, extra,
-                                 args.out / f"{provider}.log")
-            results.append(res)
-            print(json.dumps({k: v for k, v in res.items() if k != "batches"}), flush=True)
-            (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    command = "python -m benchmarks.large " + " ".join(argv if argv is not None else sys.argv[1:])
+    results_file = args.out / "results.json"
+    results = json.loads(results_file.read_text()) if results_file.exists() else []
+    results = [r for r in results if r["keys"] != args.keys]   # a key count is measured again whole
+    jobs = [(provider, phase) for phase in args.phases.split(",") for provider in args.providers.split(",")]
+    if args.hdfs:
+        jobs.insert(0, ("hdfs", "build"))
+    for provider, phase in jobs:
+        res = _phase_process(provider, phase, args.keys, args.workdir / provider, args.data, args.heap, extra,
+                             args.out / f"{provider}.log")
+        results.append(res)
+        print(json.dumps({k: v for k, v in res.items() if k != "batches"}), flush=True)
+        results_file.write_text(json.dumps(results, indent=1))
+        report(results, args.out, command)
     return 0
 
 

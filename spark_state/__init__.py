@@ -16,6 +16,14 @@ def configure(builder, **options):
     return _configure(builder, **options)
 
 
+def check_options(session):
+    """Raises OptionError for a spark_state option of `session` (e.g. set with ``spark.conf.set``; or a mapping
+    of Spark conf entries) that the first batch would refuse; see spark_state.spark.config."""
+    from spark_state.spark.config import check_options as _check_options
+
+    _check_options(session)
+
+
 def shim_jar(build: bool = True):
     """Path of the JVM shim jar for the installed Spark, built with javac if needed."""
     from spark_state.spark.shim import shim_jar as _shim_jar
@@ -67,4 +75,4 @@ def read_changes(checkpoint_location, operator=0, store_name=None, start_batch=0
     return _read_changes(checkpoint_location, operator, store_name, start_batch, end_batch, partitions, **kwargs)
 
 
-__all__ = ["PROVIDER_CLASS", "configure", "migrate", "read_changes", "read_state", "rescale", "restore", "savepoint", "shim_jar", "__version__"]
+__all__ = ["PROVIDER_CLASS", "check_options", "configure", "migrate", "read_changes", "read_state", "rescale", "restore", "savepoint", "shim_jar", "__version__"]

@@ -14,7 +14,7 @@ LOCATION is a path or an fsspec URL (file://, s3://, ...). Every command takes
 ``--json`` (one JSON document on stdout), ``--conf KEY=VALUE`` (the query's
 spark_state options, e.g. its ``checkpointRoot``) and ``--no-progress``.
 Exit status: 0 done, 1 validate found problems, 2 the command could not run
-(the message says why and what to do).
+(one line says why and what to do; --traceback shows Python's traceback instead).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import sys
 import time
 from typing import Callable
 
-from spark_state.errors import OptionError, SparkStateError
+from spark_state.errors import OptionError
 from spark_state.storage.layout import DEFAULT_STORE
 
 EXIT_OK, EXIT_INVALID, EXIT_ERROR = 0, 1, 2
@@ -48,6 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a spark_state option of the query (full key or short name), repeatable")
     common.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    common.add_argument("--traceback", action="store_true",
+                        help="on an error, the Python traceback instead of one line (for a bug report)")
 
     parser = argparse.ArgumentParser(prog="spark-state", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -138,10 +140,15 @@ def _show_ls(r: dict) -> None:
                   f"{r['files']} files, {_human(r['bytes'])}\n  taken from {r['source']}")
         return
     b = r["batches"]
-    con.print(f"checkpoint {r['location']}\n  query {r['query_id']}\n  provider {r['provider']}")
+    con.print(f"checkpoint {r['location']}\n  query {r['query_id'] or '(unreadable)'}\n  provider {r['provider']}")
     con.print(f"  batches: offsets {format_versions(b['offsets'])}; committed {format_versions(b['committed'])}; "
               f"restorable {format_versions(b['restorable'])}")
+    if b["damaged"]:
+        con.print(f"  damaged: {format_versions([d['batch'] for d in b['damaged']])} (batch {b['damaged'][0]['batch']}: "
+                  f"{b['damaged'][0]['reason']}); spark-state validate names every bad file")
     con.print(f"  partitions: {r['num_partitions']}")
+    for p in r["problems"]:
+        con.print(f"  unreadable: {p['file']}: {p['message']}")
     for op in r["operators"]:
         con.print(f"operator {op['id']} ({op['name']}): stores {', '.join(op['stores'])}")
         if not op.get("partitions"):
@@ -150,8 +157,10 @@ def _show_ls(r: dict) -> None:
         for col in ("store", "partition", "versions", "files", "bytes"):
             table.add_column(col, justify="right" if col in ("partition", "files", "bytes") else "left")
         for s in op["partitions"]:
-            table.add_row(s["name"], str(s["partition"]), format_versions(s["versions"]), str(s["files"]),
-                          _human(s["bytes"]))
+            versions = format_versions(s["versions"])
+            if s["damaged"]:
+                versions += f" ({format_versions(s['damaged'])} damaged)"
+            table.add_row(s["name"], str(s["partition"]), versions, str(s["files"]), _human(s["bytes"]))
         con.print(table)
 
 
@@ -187,6 +196,8 @@ def _show_inspect(r: dict) -> None:
 
 
 def _show_validate(r) -> None:
+    from spark_state.storage.layout import format_versions
+
     con = _console()
     if r.ok:
         con.print(f"ok: {r.kind} {r.location}: {r.files} files, {_human(r.bytes)} checked")
@@ -194,6 +205,15 @@ def _show_validate(r) -> None:
     for p in r.problems:
         print(f"BAD {p.file}: {p.message}", file=sys.stderr)
     con.print(f"{len(r.problems)} problem(s) in {r.kind} {r.location} ({r.files} files checked fine)")
+    if r.affected_batches:
+        con.print(f"they affect {'batch' if len(r.affected_batches) == 1 else 'batches'} "
+                  f"{format_versions(r.affected_batches)} (the query cannot resume from those)")
+    if r.way_back is not None:
+        con.print(f"way back: spark-state restore {r.location} NEW_LOCATION --batch {r.way_back}  (a new checkpoint "
+                  f"that resumes the query after batch {r.way_back}, the latest batch no problem affects)")
+    elif r.kind == "checkpoint" and r.affected_batches:
+        con.print("no retained batch is intact: restore a savepoint (spark-state restore SAVEPOINT NEW_LOCATION) "
+                  "if you took one")
 
 
 # ------------------------------------------------------------------ commands
@@ -315,15 +335,30 @@ def _jsonable(value):
     return value
 
 
+def _printable(text: str) -> str:
+    """One line on a terminal: control characters (a location's newline or escape) shown as escapes."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+
+
+def _location(args) -> str | None:
+    """The location a command was given (the one a storage error is about)."""
+    return next((getattr(args, a) for a in ("location", "source", "checkpoint") if getattr(args, a, None)), None)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     started = time.perf_counter()
     try:
         result, show, code = _run(args)
-    except SparkStateError as err:   # OptionError included
+    except Exception as err:  # noqa: BLE001 - every failure is one line that says what to do (failures.py)
+        if args.traceback:
+            raise
+        from spark_state.lifecycle.failures import explain
+
+        message = explain(err, _location(args))
         if args.json:
-            print(json.dumps({"ok": False, "command": args.command, "kind": type(err).__name__, "error": str(err)}))
-        print(f"spark-state {args.command}: error: {err}", file=sys.stderr)
+            print(json.dumps({"ok": False, "command": args.command, "kind": type(err).__name__, "error": message}))
+        print(f"spark-state {args.command}: error: {_printable(message)}", file=sys.stderr)
         return EXIT_ERROR
     if args.json:
         body = _jsonable(result)

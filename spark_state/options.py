@@ -123,7 +123,7 @@ class Settings:
     prestart_worker: bool = True
     row_images: bool = True
     row_images_min_rows: int = DEFAULT_ROW_IMAGES_MIN_ROWS
-    memory_limit: int | None = None
+    memory_limit: int | None = None   # None: the JVM's default, from Spark's memory model (DESCRIPTIONS)
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> "Settings":
@@ -208,9 +208,11 @@ DESCRIPTIONS = {
                   "so a restore looks keys up where they are instead of loading every row. Default true."),
     "rowImages.minRows": (f"Snapshots with fewer rows get no row image (loading them whole is as fast). "
                           f"Default {DEFAULT_ROW_IMAGES_MIN_ROWS:,}."),
-    "memoryLimit": ("Memory all state stores of one executor may hold in the JVM (rows changed since their row "
-                    "image, and the cache of image blocks), e.g. 512m or 2g; above it a store spills its rows to "
-                    "local disk. Default: a quarter of the executor's heap."),
+    "memoryLimit": ("Memory spark_state may hold in one executor's JVM, all its stores together: rows in the heap, "
+                    "the filters and indexes of local runs and row images, the cache of image blocks, change-log "
+                    "buffers; e.g. 512m or 2g. Above it a store spills its rows to local disk. Default: half of the "
+                    "user memory Spark's memory model leaves, 0.5 * (heap - 300 MiB) * (1 - spark.memory.fraction) "
+                    "(145 MiB of a 1 GiB heap with the default fraction 0.6), computed by the JVM."),
 }
 
 

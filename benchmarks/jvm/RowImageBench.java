@@ -10,8 +10,6 @@
  */
 package io.sparkstate.shim.engine;
 
-import io.sparkstate.shim.codec.KeyHasher;
-
 import java.lang.management.ManagementFactory;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -21,6 +19,7 @@ import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.Random;
 
+import io.sparkstate.shim.codec.KeyHasher;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.catalyst.expressions.codegen.UnsafeRowWriter;
 import org.apache.spark.sql.types.DataTypes;

@@ -9,6 +9,11 @@ the store's lock before its record, and writes with ``recreate=False``
 starts with what it folded build on the snapshot instead (``rebased``), under
 the conditions listed there.
 
+A chain of more than ``ranges.RANGE_ROWS`` typed rows is folded a key-group range at a time
+(``spark_state.chain.ranges``): the snapshot and its row image are written range by range as they come,
+so the worker holds a range's rows, never the partition's state (issue 35). Smaller and opaque (format 1)
+chains are folded whole, as before.
+
 Beside the snapshot it writes the snapshot's *row image* (``spark_state.format.rowimage``):
 the same rows as Spark's UnsafeRows, which the JVM looks keys up in instead of
 loading every row on a restore. A chain is compacted when it is long
@@ -29,6 +34,7 @@ from dataclasses import dataclass, replace
 
 from spark_state.chain.context import StoreContext
 from spark_state.chain.merge import merge_chain
+from spark_state.chain.ranges import RangeFold, key_group_ranges
 from spark_state.chain.reader import ChainReader
 from spark_state.chain.retention import MIN_KEPT_VERSIONS, oldest_kept
 from spark_state.errors import StateTooLarge, StoreDeleted, VersionNotFound
@@ -97,25 +103,10 @@ class Compactor:
         written: list[str] = []   # files of ours no record names yet
         record_sent = False
         try:
-            state = self.reader.read(chain[0], None) if self._image_only(chain) else \
-                merge_chain(self.reader.read_chain(chain, None))
-            if self._image_only(chain):
-                encoded, entry = None, chain[0]
-            else:
-                encoded = datafile.encode(state, ctx.settings.compression_level, sorted_by_kg=True)
-                entry = FileEntry.written(new_file_path(version, SNAPSHOT), SNAPSHOT, version, encoded)
-            image = self._image(state)
-            if not self._still_current(version, manifest):   # every backend; object stores have no directories
-                return
-            if encoded is not None:
-                written.append(entry.path)
-                ctx.storage.write_file(entry.path, encoded.data, recreate=False)
-                fault("compaction-after-snapshot")
-            if image is not None:
-                entry = replace(entry, image=ImageEntry.written(image_path(entry.path), image))
-                written.append(entry.image.path)
-                ctx.storage.write_file(entry.image.path, image.data, recreate=False)
-            if not written:
+            by_ranges = len(key_group_ranges(chain, ctx.settings.max_parallelism)) > 1 and all(f.typed for f in chain)
+            write = self._write_by_ranges if by_ranges else self._write_whole
+            entry = write(chain, version, manifest, written)
+            if entry is None or not written:
                 return
             with locks.lock:
                 if not self._still_current(version, manifest):
@@ -127,10 +118,10 @@ class Compactor:
                 self.shortcut = CompactedPrefix(tuple(f.ident for f in manifest.files), entry, version,
                                                 time.monotonic())
                 self.blocker = None
-            log.info("compacted %s version %d: %d deltas -> snapshot of %d rows (%s)%s", ctx.name, version,
-                     manifest.deltas_since_snapshot, entry.rows,
-                     "kept" if encoded is None else f"{encoded.size} bytes",
-                     "" if image is None else f", row image of {image.size} bytes")
+            log.info("compacted %s version %d%s: %d deltas -> snapshot of %d rows (%s)%s", ctx.name, version,
+                     " a key-group range at a time" if by_ranges else "", manifest.deltas_since_snapshot, entry.rows,
+                     "kept" if entry.path not in written else f"{entry.size} bytes",
+                     "" if entry.image is None else f", row image of {entry.image.size} bytes")
         except StoreDeleted as err:   # a stopped query's checkpoint deleted by its user: leave it deleted
             ctx.storage.delete_files(written)   # raised before any record was in place
             log.warning("compaction of %s version %d skipped: %s", ctx.name, version, err)
@@ -140,6 +131,96 @@ class Compactor:
             raise
         finally:
             locks.unpin(f.path for f in chain)
+
+    def _write_whole(self, chain: tuple[FileEntry, ...], version: int, manifest: Manifest,
+                     written: list[str]) -> FileEntry | None:
+        """The chain's state read whole, then its snapshot (unless the chain is one) and row image written;
+        the entry a record names (None: the version is no longer what was compacted)."""
+        ctx = self.ctx
+        image_only = self._image_only(chain)
+        state = self.reader.read(chain[0], None) if image_only else merge_chain(self.reader.read_chain(chain, None))
+        if image_only:
+            encoded, entry = None, chain[0]
+        else:
+            encoded = datafile.encode(state, ctx.settings.compression_level, sorted_by_kg=True)
+            entry = FileEntry.written(new_file_path(version, SNAPSHOT), SNAPSHOT, version, encoded)
+        image = self._image(state)
+        if not self._still_current(version, manifest):   # every backend; object stores have no directories
+            return None
+        if encoded is not None:
+            written.append(entry.path)
+            ctx.storage.write_file(entry.path, encoded.data, recreate=False)
+            fault("compaction-after-snapshot")
+        if image is not None:
+            entry = replace(entry, image=ImageEntry.written(image_path(entry.path), image))
+            written.append(entry.image.path)
+            ctx.storage.write_file(entry.image.path, image.data, recreate=False)
+        return entry
+
+    def _write_by_ranges(self, chain: tuple[FileEntry, ...], version: int, manifest: Manifest,
+                         written: list[str]) -> FileEntry | None:
+        """As ``_write_whole``, but the state is folded a key-group range at a time and each range goes into
+        the snapshot and the row image as it comes (``spark_state.chain.ranges``): memory for a range, not
+        for the partition."""
+        ctx = self.ctx
+        image_only = self._image_only(chain)
+        with RangeFold(self.reader, chain, key_group_ranges(chain, ctx.settings.max_parallelism)) as fold:
+            if not self._still_current(version, manifest):
+                return None
+            outputs: list = []   # open data files, discarded unless closed
+            try:
+                snapshot = None
+                path = chain[0].path if image_only else new_file_path(version, SNAPSHOT)
+                if not image_only:
+                    written.append(path)
+                    outputs.append(ctx.storage.open_data_file(path, recreate=False))
+                    snapshot = datafile.StreamEncoder(outputs[-1].write, ctx.settings.compression_level,
+                                                      fixed=fold.dictionaries)
+                image = None
+                if self._wants_image(fold.empty_state().schema, sum(f.rows for f in chain)):
+                    written.append(image_path(path))
+                    outputs.append(ctx.storage.open_data_file(image_path(path), recreate=False))
+                    image = rowimage.ImageWriter(outputs[-1].write)
+                for state in fold:
+                    if snapshot is not None:
+                        snapshot.write(state)
+                    if image is not None:
+                        image.add(state)
+                entry = chain[0]
+                if snapshot is not None:
+                    entry = self._snapshot_entry(snapshot, outputs[0], path, version, fold)
+                    fault("compaction-after-snapshot")
+                if image is not None:
+                    done = image.finish()
+                    outputs[-1].close()
+                    entry = replace(entry, image=ImageEntry.written(image_path(path), done))
+                return entry if (snapshot is not None or image is not None) else None
+            except BaseException:
+                for output in outputs:
+                    output.discard()
+                raise
+
+    def _snapshot_entry(self, snapshot: datafile.StreamEncoder, output, path: str, version: int,
+                        fold: RangeFold) -> FileEntry:
+        """The written snapshot's entry (a state left empty by its deletes: an empty file of the same schema)."""
+        if snapshot.rows:
+            done = snapshot.finish()
+            output.close()
+            return FileEntry.written(path, SNAPSHOT, version, done)
+        output.discard()
+        encoded = datafile.encode(fold.empty_state(), self.ctx.settings.compression_level)
+        self.ctx.storage.write_file(path, encoded.data, recreate=False)
+        return FileEntry.written(path, SNAPSHOT, version, encoded)
+
+    def _wants_image(self, schema, estimated_rows: int) -> bool:
+        """Whether a snapshot of rows of `schema` written a range at a time gets a row image."""
+        if not self._images_on() or self.no_image is not None or estimated_rows < self.ctx.settings.row_images_min_rows:
+            return False
+        unsupported = [s for s in (unsaferow.supports(schema.field(c).type) for c in ("key", "value")) if not s]
+        if unsupported:
+            self._no_image(unsupported[0].reason)
+            return False
+        return True
 
     def due(self, manifest: Manifest) -> bool:
         """Whether `manifest`'s chain is worth compacting now (see the module docstring); no I/O, so a commit

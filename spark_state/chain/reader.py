@@ -17,6 +17,7 @@ import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -330,6 +331,17 @@ class ChainReader:
         table = self._read_file(storage, entry, wanted)
         return filter_residue(table, entry.modulus, entry.residue) if by_hash else table
 
+    def open_entry(self, entry: FileEntry) -> "EntryReader":
+        """One chain entry opened for reading by key-group ranges or batch by batch (``spark_state.chain.ranges``):
+        its index and head read and checked once."""
+        storage = self.ctx.storage if entry.partition is None else self.sibling(entry.partition)
+        settings = self.ctx.settings
+        opened = datafile.IndexedFile(lambda ranges: storage.read_ranges(entry.path, ranges),
+                                      f"{storage.root}/{entry.path}", entry.index_offset, entry.index_length,
+                                      entry.index_checksum, settings.verify_checksums, file_format=entry.file_format,
+                                      max_parallelism=settings.max_parallelism, checksum=entry.checksum)
+        return EntryReader(opened, entry, settings.max_parallelism)
+
     def sibling(self, partition: int) -> CheckpointStorage:
         """The storage of `partition`'s store (same operator and name), for slices and reference records."""
         if self.siblings is None:
@@ -338,3 +350,33 @@ class ChainReader:
         if partition not in self._sibling_storages:
             self._sibling_storages[partition] = self.siblings(partition)
         return self._sibling_storages[partition]
+
+
+class EntryReader:
+    """A chain entry's rows by key-group subsets or batch by batch; a slice (format 3) only its own rows."""
+
+    def __init__(self, opened: datafile.IndexedFile, entry: FileEntry, max_parallelism: int):
+        self.file, self.entry = opened, entry
+        self._kgs, self._by_hash = None, False
+        if entry.modulus is not None:
+            self._kgs, self._by_hash = slice_key_groups(entry.modulus, entry.residue, max_parallelism)
+
+    @property
+    def batches_in_key_group_order(self) -> bool:
+        return self.file.batches_in_key_group_order
+
+    def read(self, key_groups: np.ndarray) -> pa.Table:
+        """The entry's rows of these key groups."""
+        wanted = key_groups if self._kgs is None else np.intersect1d(self._kgs, key_groups, assume_unique=True)
+        return self._own(self.file.read(wanted))
+
+    def batches(self) -> Iterator[pa.Table]:
+        """All the entry's rows, a few of the file's batches at a time, in the file's order."""
+        for table in self.file.batches():
+            if self._kgs is not None:
+                keep = np.isin(table.column("kg").to_numpy(), self._kgs)
+                table = table if keep.all() else table.filter(pa.array(keep))
+            yield self._own(table)
+
+    def _own(self, table: pa.Table) -> pa.Table:
+        return filter_residue(table, self.entry.modulus, self.entry.residue) if self._by_hash else table

@@ -70,7 +70,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -182,7 +182,7 @@ def _batch_ids(kg: np.ndarray, row_bytes: np.ndarray, target: int) -> np.ndarray
 
 
 def encode(table: pa.Table, compression_level: int = 3, *, sorted_by_kg: bool = False,
-           target_batch_bytes: int = TARGET_BATCH_BYTES, arrival_order: bool = False) -> EncodedFile:
+           target_batch_bytes: int | None = None, arrival_order: bool = False) -> EncodedFile:
     """Serialises rows (typed, or opaque CHANGES_SCHEMA) into one state file; sorts by key group unless told
     they are. Typed rows are stored without ``kg`` (see the module docstring).
 
@@ -190,6 +190,7 @@ def encode(table: pa.Table, compression_level: int = 3, *, sorted_by_kg: bool = 
     each indexed by its smallest and largest key group (see the module docstring)."""
     table = conform(table)
     typed = is_typed(table)
+    target_batch_bytes = target_batch_bytes or TARGET_BATCH_BYTES
     if arrival_order and typed and payload_bytes(table) < WIDEN_AT:
         return _encode_in_arrival_order(table, compression_level, target_batch_bytes)
     wide = payload_bytes(table) >= WIDEN_AT   # sorting concatenates; 32-bit offsets would overflow past 2 GiB
@@ -318,18 +319,25 @@ class _Pieces:
 
 
 class StreamEncoder:
-    """A typed data file in arrival order, written while its rows arrive (a commit's changes streamed during
-    the batch, docs/protocol.md "Streamed commits"): each ``write`` encodes its rows into record batches of
+    """A typed data file written while its rows arrive: each ``write`` encodes its rows into record batches of
     ~the target size and hands their bytes to ``out`` at once, so what is left at ``finish`` is the end of the
-    stream, the batch index and the trailer. The bytes are exactly what ``encode(..., arrival_order=True)``
-    lays out (without dictionary columns: a file's dictionaries precede its first batch), so every reader
-    reads the file as any other."""
+    stream, the batch index and the trailer. Two writers use it:
+
+    * a commit's changes streamed during the batch (docs/protocol.md "Streamed commits"): rows in arrival
+      order, no dictionary columns (a file's dictionaries precede its first batch); the bytes are exactly what
+      ``encode(..., arrival_order=True)`` lays out;
+    * compaction a key-group range at a time (``spark_state.chain.ranges``): rows in key-group order across
+      the writes, so the file is a sorted snapshot, with the dictionary columns ``fixed`` before the first
+      row (``dictionaries.FixedDictionaries``).
+
+    Every reader reads the file as any other."""
 
     def __init__(self, out: Callable[[bytes], None], compression_level: int,
-                 target_batch_bytes: int = TARGET_BATCH_BYTES):
+                 target_batch_bytes: int | None = None, *, fixed: dict | None = None):
+        self._fixed = fixed or {}
         self._out = out
         self._options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level))
-        self._target = target_batch_bytes
+        self._target = target_batch_bytes or TARGET_BATCH_BYTES
         self._pieces = _Pieces()
         self._writer = None
         self._schema: pa.Schema | None = None
@@ -356,6 +364,8 @@ class StreamEncoder:
         if not n:
             return
         stored = table.drop_columns(["kg"]).combine_chunks()
+        if self._fixed:
+            stored = dictionaries.encode_fixed(stored, self._fixed)
         if self._writer is None:
             self._schema = stored.schema
             self._writer = pa.ipc.new_stream(self._pieces, stored.schema, options=self._options)
@@ -369,8 +379,8 @@ class StreamEncoder:
             head = self._size == 0
             self._writer.write_batch(part)
             data = self._pieces.drain()
-            if head:   # the first message is the schema: everything before the first batch is the file's head
-                head_len = _first_message_length(data)
+            if head:   # everything before the first batch is the file's head: its schema and dictionaries
+                head_len = _head_length(data)
                 self._emit(data[:head_len])
                 data = data[head_len:]
             offset = self._size
@@ -401,11 +411,15 @@ class StreamEncoder:
                             crc32_hex(index_bytes))
 
 
-def _first_message_length(data: bytes) -> int:
-    """Length of the first IPC message of ``data`` (walks its framing; decodes nothing)."""
+def _head_length(data: bytes) -> int:
+    """Bytes of ``data`` (a stream's first bytes, up to its first batch) before its first record batch
+    message: the schema and any dictionaries (walks the framing; decodes nothing)."""
     src = pa.BufferReader(data)
-    pa.ipc.MessageReader.open_stream(src).read_next_message()
-    return src.tell()
+    reader = pa.ipc.MessageReader.open_stream(src)
+    while True:
+        start = src.tell()
+        if reader.read_next_message().type == "record batch":
+            return start
 
 
 def _batch_ranges(data: pa.Buffer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -617,74 +631,133 @@ def read_key_groups(fetch: Fetch, name: str, index_offset: int, index_length: in
     index; a typed file's head against the whole file's `checksum` (see ``_check_head``). Without a
     `checksum`, or without `verify`, the rows read are validated in full instead (no crash on damaged
     bytes, but a damaged head could still change what they say)."""
-    (index_bytes,) = fetch([(index_offset, index_offset + index_length)])
-    index = decode_index(index_bytes, name, index_checksum if verify else None)
-    key_groups = np.unique(np.asarray(key_groups, dtype=np.int32))
-    schema, head = CHANGES_SCHEMA, None
-    trusted = verify
-    if file_format != FileFormat.OPAQUE:
-        all_offsets = index.column("offset").to_numpy()
-        # the head ends where the first batch starts; a file of no batches: where its end-of-stream marker does
-        head_end = int(all_offsets.min()) if len(all_offsets) else index_offset - len(_EOS)
-        schema, head = _read_head(fetch, name, head_end)
-        if verify and checksum is not None and index_checksum is not None:
-            _check_head(head, name, index, index_offset, index_length, index_checksum, checksum, file_format)
-        else:
-            trusted = False
-        if not dictionaries.has_dictionaries(schema):
-            head = None
-    if index.schema == BATCH_INDEX_SCHEMA:
-        return _read_batch_index(fetch, name, index, key_groups, verify, schema, head, max_parallelism, trusted)
-    kg = index.column("kg").to_numpy()
-    pick = np.flatnonzero(np.isin(kg, key_groups))
-    if len(pick) == 0:
-        return _with_kg(schema.empty_table(), name, max_parallelism)
-    offsets = index.column("offset").to_numpy()[pick]
-    lengths = index.column("length").to_numpy()[pick]
-    crcs = index.column("crc").to_numpy()[pick]
-    row_start = index.column("row_start").to_numpy()[pick]
-    rows = index.column("rows").to_numpy()[pick]
-
-    block_offsets, first_pick, block_of_pick = np.unique(offsets, return_index=True, return_inverse=True)
-    batches = _fetch_batches(fetch, name, block_offsets, lengths[first_pick], crcs[first_pick], verify, schema,
-                             head, trusted)
-    table = pa.Table.from_batches(batches, schema=schema)
-    batch_rows = np.array([b.num_rows for b in batches], dtype=np.int64)
-    if np.any(row_start < 0) or np.any(rows < 0) or np.any(row_start + rows > batch_rows[block_of_pick]):
-        raise _corrupt(name, "has a key-group index whose row ranges fall outside their batches")
-
-    # Global row positions of each picked run, then one vectorised take.
-    batch_base = np.zeros(len(batches) + 1, dtype=np.int64)
-    np.cumsum(batch_rows, out=batch_base[1:])
-    starts = batch_base[block_of_pick] + row_start
-    total = int(rows.sum())
-    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(rows) - rows, rows)
-    take = np.repeat(starts, rows) + within
-    return _with_kg(table.take(pa.array(take)), name, max_parallelism)
+    return IndexedFile(fetch, name, index_offset, index_length, index_checksum, verify, file_format=file_format,
+                       max_parallelism=max_parallelism, checksum=checksum).read(key_groups)
 
 
-def _read_batch_index(fetch: Fetch, name: str, index: pa.Table, key_groups: np.ndarray, verify: bool,
-                      schema: pa.Schema, head: bytes | None, max_parallelism: int | None, trusted: bool) -> pa.Table:
-    """read_key_groups with a row per batch: the batches whose key-group range holds a wanted group, then
-    their rows whose key group (derived from the hash) is wanted."""
-    first = index.column("first_kg").to_numpy()
-    last = index.column("last_kg").to_numpy()
-    at = np.searchsorted(key_groups, first, side="left")
-    hit = at < len(key_groups)
-    hit[hit] = key_groups[at[hit]] <= last[hit]
-    pick = np.flatnonzero(hit)
-    if len(pick) == 0:
-        return _with_kg(schema.empty_table(), name, max_parallelism)
-    offsets = index.column("offset").to_numpy()[pick]
-    batches = _fetch_batches(fetch, name, offsets, index.column("length").to_numpy()[pick],
-                             index.column("crc").to_numpy()[pick], verify, schema, head, trusted)
-    rows = index.column("rows").to_numpy()[pick]
-    for off, batch, expected in zip(offsets.tolist(), batches, rows.tolist()):
-        if batch.num_rows != expected:
-            raise _corrupt(name, f"has a batch at byte {off} with {batch.num_rows} rows, its index says {expected}")
-    table = _with_kg(pa.Table.from_batches(batches, schema=schema), name, max_parallelism)
-    keep = np.isin(table.column("kg").to_numpy(), key_groups)
-    return table if keep.all() else table.filter(pa.array(keep))
+class IndexedFile:
+    """A state file opened by its index (and, typed, its head): any key-group subset (``read``), or all its rows a
+    few batches at a time (``batches``), each read verified as ``read_key_groups`` describes. Opening reads and
+    checks the index and the head once, so a reader of many subsets (compaction, a key-group range at a time)
+    pays for them once."""
+
+    def __init__(self, fetch: Fetch, name: str, index_offset: int, index_length: int, index_checksum: str | None,
+                 verify: bool = True, *, file_format: int = FileFormat.OPAQUE, max_parallelism: int | None = None,
+                 checksum: str | None = None):
+        self._fetch, self.name, self._verify, self._m = fetch, name, verify, max_parallelism
+        (index_bytes,) = fetch([(index_offset, index_offset + index_length)])
+        self.index = index = decode_index(index_bytes, name, index_checksum if verify else None)
+        self.schema, self._head = CHANGES_SCHEMA, None
+        self._trusted = verify
+        if file_format != FileFormat.OPAQUE:
+            all_offsets = index.column("offset").to_numpy()
+            # the head ends where the first batch starts; a file of no batches: where its end-of-stream marker does
+            head_end = int(all_offsets.min()) if len(all_offsets) else index_offset - len(_EOS)
+            self.schema, head = _read_head(fetch, name, head_end)
+            if verify and checksum is not None and index_checksum is not None:
+                _check_head(head, name, index, index_offset, index_length, index_checksum, checksum, file_format)
+            else:
+                self._trusted = False
+            self._head = head if dictionaries.has_dictionaries(self.schema) else None
+
+    @property
+    def batched(self) -> bool:
+        """A typed file's index (a row per batch), as opposed to a row per (key group, batch)."""
+        return self.index.schema == BATCH_INDEX_SCHEMA
+
+    @property
+    def batches_in_key_group_order(self) -> bool:
+        """Whether the batches hold ascending key-group ranges that do not overlap (a snapshot written sorted,
+        or a file of one batch; not a larger delta or first snapshot written in arrival order), so a range of
+        key groups is read from the batches that hold it alone."""
+        if not self.batched:
+            return True   # a row per (key group, batch): files that index so are always sorted
+        first, last = self.index.column("first_kg").to_numpy(), self.index.column("last_kg").to_numpy()
+        return bool(np.all(first <= last) and np.all(last[:-1] <= first[1:]))
+
+    def read(self, key_groups: np.ndarray) -> pa.Table:
+        """The rows of the given key groups, in key-group order for a sorted file, with ``kg`` first."""
+        key_groups = np.unique(np.asarray(key_groups, dtype=np.int32))
+        if self.batched:
+            return self._read_batch_index(key_groups)
+        index, name = self.index, self.name
+        kg = index.column("kg").to_numpy()
+        pick = np.flatnonzero(np.isin(kg, key_groups))
+        if len(pick) == 0:
+            return _with_kg(self.schema.empty_table(), name, self._m)
+        offsets = index.column("offset").to_numpy()[pick]
+        lengths = index.column("length").to_numpy()[pick]
+        crcs = index.column("crc").to_numpy()[pick]
+        row_start = index.column("row_start").to_numpy()[pick]
+        rows = index.column("rows").to_numpy()[pick]
+
+        block_offsets, first_pick, block_of_pick = np.unique(offsets, return_index=True, return_inverse=True)
+        batches = self._batches_at(block_offsets, lengths[first_pick], crcs[first_pick])
+        table = pa.Table.from_batches(batches, schema=self.schema)
+        batch_rows = np.array([b.num_rows for b in batches], dtype=np.int64)
+        if np.any(row_start < 0) or np.any(rows < 0) or np.any(row_start + rows > batch_rows[block_of_pick]):
+            raise _corrupt(name, "has a key-group index whose row ranges fall outside their batches")
+
+        # Global row positions of each picked run, then one vectorised take.
+        batch_base = np.zeros(len(batches) + 1, dtype=np.int64)
+        np.cumsum(batch_rows, out=batch_base[1:])
+        starts = batch_base[block_of_pick] + row_start
+        total = int(rows.sum())
+        within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(rows) - rows, rows)
+        take = np.repeat(starts, rows) + within
+        return _with_kg(table.take(pa.array(take)), name, self._m)
+
+    def _read_batch_index(self, key_groups: np.ndarray) -> pa.Table:
+        """read with a row per batch: the batches whose key-group range holds a wanted group, then their rows
+        whose key group (derived from the hash) is wanted."""
+        index = self.index
+        first = index.column("first_kg").to_numpy()
+        last = index.column("last_kg").to_numpy()
+        at = np.searchsorted(key_groups, first, side="left")
+        hit = at < len(key_groups)
+        hit[hit] = key_groups[at[hit]] <= last[hit]
+        table = self._batch_rows(np.flatnonzero(hit))
+        keep = np.isin(table.column("kg").to_numpy(), key_groups)
+        return table if keep.all() else table.filter(pa.array(keep))
+
+    def dictionaries(self) -> dict | None:
+        """The dictionary of each dictionary column (``dictionaries.leaf_dictionaries``; one per column per
+        file, read with the first batch); None for a file of no batches."""
+        if not self.batched or not len(self.index):
+            return None if not len(self.index) else {}
+        if self._head is None:
+            return {}
+        index = self.index
+        [batch] = _fetch_batches(self._fetch, self.name, index.column("offset").to_numpy()[:1],
+                                 index.column("length").to_numpy()[:1], index.column("crc").to_numpy()[:1],
+                                 self._verify, self.schema, self._head, self._trusted)
+        return dictionaries.leaf_dictionaries(batch)
+
+    def batches(self, per_read: int = 8) -> Iterator[pa.Table]:
+        """Every row of a typed file, `per_read` batches at a time, in the file's order, with ``kg`` first."""
+        if not self.batched:
+            raise ValueError(f"{self.name}: only a typed file's batches are read in order")
+        for start in range(0, len(self.index), per_read):
+            yield self._batch_rows(np.arange(start, min(start + per_read, len(self.index))))
+
+    def _batch_rows(self, pick: np.ndarray) -> pa.Table:
+        """The rows of the batch index's rows `pick` (ascending), checked against their row counts."""
+        if len(pick) == 0:
+            return _with_kg(self.schema.empty_table(), self.name, self._m)
+        index = self.index
+        offsets = index.column("offset").to_numpy()[pick]
+        batches = self._batches_at(offsets, index.column("length").to_numpy()[pick],
+                                   index.column("crc").to_numpy()[pick])
+        rows = index.column("rows").to_numpy()[pick]
+        for off, batch, expected in zip(offsets.tolist(), batches, rows.tolist()):
+            if batch.num_rows != expected:
+                raise _corrupt(self.name, f"has a batch at byte {off} with {batch.num_rows} rows, its index says "
+                                          f"{expected}")
+        return _with_kg(pa.Table.from_batches(batches, schema=self.schema), self.name, self._m)
+
+    def _batches_at(self, offsets: np.ndarray, lengths: np.ndarray, crcs: np.ndarray) -> list[pa.RecordBatch]:
+        return _fetch_batches(self._fetch, self.name, offsets, lengths, crcs, self._verify, self.schema, self._head,
+                              self._trusted)
 
 
 def _fetch_batches(fetch: Fetch, name: str, block_offsets: np.ndarray, block_lengths: np.ndarray,

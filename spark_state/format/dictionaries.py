@@ -95,6 +95,141 @@ def encode(table: pa.Table) -> pa.Table:
     return table
 
 
+# ------------------------------------------------------------------ a file written a range at a time
+
+#: A file written a range of rows at a time keeps at most this many values in a column's dictionary: they are
+#: collected before its first batch, and a column with more distinct values gains little from one.
+MAX_FIXED_VALUES = 1 << 16
+
+Leaf = tuple[str, tuple[int, ...]]   # ("key" or "value", field indices from the struct down to the leaf)
+
+
+def encodable_leaves(schema: pa.Schema) -> list[Leaf]:
+    """The string and binary leaves of a typed table's ``key`` and ``value`` structs (nested ones too)."""
+    def walk(t: pa.DataType, path: tuple[int, ...]):
+        for i, f in enumerate(t):
+            if pa.types.is_struct(f.type):
+                yield from walk(f.type, path + (i,))
+            elif _encodable(plain_type(f.type)):
+                yield path + (i,)
+    return [(column, path) for column in ("key", "value") for path in walk(plain_type(schema.field(column).type), ())]
+
+
+def _leaf(array: pa.Array, path: tuple[int, ...]) -> pa.Array:
+    """The leaf's values, null wherever a struct above it is (what such a slot holds is no value of the file)."""
+    for i in path:
+        array = array.flatten()[i]
+    return array
+
+
+def _with_leaf(array: pa.StructArray, path: tuple[int, ...], leaf: pa.Array) -> pa.StructArray:
+    children = [array.field(i) for i in range(array.type.num_fields)]
+    i = path[0]
+    children[i] = leaf if len(path) == 1 else _with_leaf(children[i], path[1:], leaf)
+    return _rebuild(array, children, array.type)
+
+
+class FixedDictionaries:
+    """The dictionaries of a file written a range of rows at a time (compaction: ``datafile.StreamEncoder``).
+
+    Arrow puts a file's dictionaries right after its schema, before the first batch, so they are fixed before
+    any row is written: each one holds every value of its column that any input of the merge holds. A sorted
+    input contributes the dictionaries of its own head (``take_file``: a column it stores plain, or could not
+    say, is not encoded), an input read batch by batch its distinct values (``collect``: a column whose first
+    values are mostly distinct, as the whole-table rule samples them, or with more than `max_values` distinct
+    values, is not encoded). A dictionary may so hold a value no row has any more (a deleted key's): it only
+    costs its bytes. ``fixed`` then says which columns are encoded, and with what."""
+
+    def __init__(self, schema: pa.Schema, max_values: int):
+        self.max_values = min(max_values, MAX_FIXED_VALUES)
+        self._values: dict[Leaf, list[pa.Array]] = {leaf: [] for leaf in encodable_leaves(schema)}
+        self._sampled: set[Leaf] = set()
+
+    def _drop(self, leaf: Leaf) -> None:
+        self._values.pop(leaf, None)
+
+    def _add(self, leaf: Leaf, values: pa.Array) -> None:
+        held = self._values.get(leaf)
+        if held is None:
+            return
+        held.append(values.drop_null())
+        if sum(len(v) for v in held) > self.max_values:
+            held[:] = [pc.unique(pa.concat_arrays(held))]
+            if len(held[0]) > self.max_values:
+                self._drop(leaf)
+
+    def take_file(self, dictionaries: dict[Leaf, pa.Array] | None) -> None:
+        """A sorted input's dictionaries (None: it holds no rows, so it constrains nothing)."""
+        if dictionaries is None:
+            return
+        for leaf in list(self._values):
+            if leaf in dictionaries:
+                self._add(leaf, dictionaries[leaf])
+            else:
+                self._drop(leaf)
+
+    def collect(self, table: pa.Table) -> None:
+        """The distinct values of rows an input holds (plain types, as tables in memory have them)."""
+        for leaf in list(self._values):
+            column, path = leaf
+            values = _leaf(table.column(column).combine_chunks(), path)
+            if leaf not in self._sampled and len(values):
+                self._sampled.add(leaf)
+                if not _few_distinct(values):
+                    self._drop(leaf)
+                    continue
+            self._add(leaf, pc.unique(values))
+
+    def fixed(self) -> dict[Leaf, pa.Array]:
+        """Each encoded column's dictionary (its distinct values, in a fixed order)."""
+        out = {}
+        for leaf, held in self._values.items():
+            values = pc.unique(pa.concat_arrays(held)) if held else None
+            if values is not None and 0 < len(values) <= self.max_values:
+                out[leaf] = values
+        return out
+
+
+def encode_fixed(table: pa.Table, fixed: dict[Leaf, pa.Array]) -> pa.Table:
+    """`table` (plain types) with the leaves of `fixed` dictionary-encoded against those dictionaries; a value
+    missing from its dictionary is an error (the dictionaries were collected from every input)."""
+    for column in ("key", "value"):
+        leaves = [(path, d) for (c, path), d in fixed.items() if c == column]
+        if not leaves:
+            continue
+        array = table.column(column).combine_chunks()
+        for path, dictionary in leaves:
+            leaf = _leaf(array, path)
+            codes = pc.index_in(leaf, value_set=dictionary)
+            if codes.null_count != leaf.null_count:
+                raise ValueError(f"{column} field {path} has a value outside the file's fixed dictionary")
+            array = _with_leaf(array, path, pa.DictionaryArray.from_arrays(
+                codes.cast(_index_type(len(dictionary))), dictionary))
+        field = table.schema.field(column)
+        table = table.set_column(table.schema.get_field_index(column),
+                                 pa.field(column, array.type, field.nullable, field.metadata), array)
+    return table
+
+
+def leaf_dictionaries(batch: pa.RecordBatch | pa.Table) -> dict[Leaf, pa.Array]:
+    """The dictionary of each dictionary leaf of a file's batch (one dictionary per column per file)."""
+    out = {}
+    for column in ("key", "value"):
+        array = batch.column(column)
+        if isinstance(array, pa.ChunkedArray):
+            array = array.chunk(0)
+
+        def walk(a: pa.Array, path: tuple[int, ...]):
+            for i in range(a.type.num_fields):
+                child = a.field(i)
+                if pa.types.is_struct(child.type):
+                    walk(child, path + (i,))
+                elif pa.types.is_dictionary(child.type):
+                    out[(column, path + (i,))] = child.dictionary
+        walk(array, ())
+    return out
+
+
 # ------------------------------------------------------------------ decoding
 
 def has_dictionaries(t: pa.DataType | pa.Schema) -> bool:

@@ -30,6 +30,8 @@ MAX_K = 30
 _U64 = np.uint64
 _GOLDEN, _MIX1, _MIX2 = _U64(0x9E3779B97F4A7C15), _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB)
 _LOW32 = _U64(0xFFFFFFFF)
+#: Hashes whose bits are computed at once: bounds the temporaries (a few uint64 arrays of this length).
+_STEP = 1 << 16
 
 
 def words_for(records: int) -> int:
@@ -86,11 +88,14 @@ class KeyFilter:
 
     def might_contain(self, hashes):
         """Whether a key of each hash may be in the file (False: certainly not). A scalar for a scalar."""
-        a, b = _halves(hashes)
-        found = np.ones(len(a), dtype=bool)
-        for i in range(self.k):   # one hash-long vector at a time: no (n, k) array
-            bit = _bits(a, b, i, self.m)
-            found &= ((self.words[(bit >> _U64(6)).astype(np.intp)] >> (bit & _U64(63))) & _U64(1)).astype(bool)
+        flat = np.atleast_1d(hashes)
+        found = np.ones(len(flat), dtype=bool)
+        for start in range(0, len(flat), _STEP):
+            a, b = _halves(flat[start:start + _STEP])
+            part = found[start:start + _STEP]
+            for i in range(self.k):
+                bit = _bits(a, b, i, self.m)
+                part &= ((self.words[(bit >> _U64(6)).astype(np.intp)] >> (bit & _U64(63))) & _U64(1)).astype(bool)
         return bool(found[0]) if np.ndim(hashes) == 0 else found
 
     def to_bytes(self) -> bytes:
@@ -114,9 +119,11 @@ class FilterBuilder:
         self._bits = np.zeros(self.m, dtype=bool)
 
     def add(self, hashes) -> None:
-        a, b = _halves(hashes)
-        for i in range(self.k):
-            self._bits[_bits(a, b, i, self.m).astype(np.intp)] = True
+        flat = np.atleast_1d(hashes)
+        for start in range(0, len(flat), _STEP):
+            a, b = _halves(flat[start:start + _STEP])
+            for i in range(self.k):
+                self._bits[_bits(a, b, i, self.m).astype(np.intp)] = True
 
     def finish(self) -> KeyFilter:
         return KeyFilter(np.packbits(self._bits, bitorder="little").view("<u8"), self.k)

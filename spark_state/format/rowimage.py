@@ -56,7 +56,7 @@ import zlib
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -103,6 +103,18 @@ def sort_key(kg: int, h: int) -> int:
 # ------------------------------------------------------------------ writing
 
 @dataclass(frozen=True)
+class WrittenImage:
+    """What a manifest entry records about a row image (``ImageWriter.finish``)."""
+
+    rows: int
+    size: int
+    checksum: str
+    blocks: int
+    tombstones: bool
+    filter_words: int
+
+
+@dataclass(frozen=True)
 class EncodedImage:
     """A serialised row image and what its manifest entry records about it."""
 
@@ -125,34 +137,126 @@ def encode(table: pa.Table, *, block_bytes: int = BLOCK_BYTES, level: int = 1, c
     distinct. ``level``: zstd's (negative: faster). ``threads`` > 0 compresses chunks of blocks on that
     many threads while the caller's thread encodes the next chunks (zstd and most numpy release the GIL);
     the bytes are the same either way."""
-    if codec not in (RAW, ZSTD):
-        raise ValueError(f"codec must be {RAW} (raw) or {ZSTD} (zstd), got {codec}")
-    if block_bytes < HEADER_BYTES:
-        raise ValueError(f"block_bytes must be at least {HEADER_BYTES}, got {block_bytes}")
-    layout = _Layout(table, block_bytes)
-    index = layout.index()
-    pieces, offset = [], 0
-    for b0, b1, blocks in _stored(layout.chunks(), codec, level, threads):
-        for b, (stored, crc) in zip(range(b0, b1), blocks):
-            index[b]["offset"], index[b]["stored"], index[b]["crc"] = offset, len(stored), crc
-            offset += len(stored)
-            pieces.append(stored)
-    index_bytes = index.tobytes()
-    key_filter = KeyFilter.of(layout.sk & np.uint64(0xFFFFFFFF))
-    filter_bytes = key_filter.to_bytes()
-    filter_header = _FILTER_HEADER.pack(len(key_filter.words), key_filter.k, zlib.crc32(filter_bytes), 0)
-    tombstones = not layout.live.all()
-    flags = FILTER | (TOMBSTONES if tombstones else 0)
-    trailer = _TRAILER.pack(offset, layout.n, len(index), zlib.crc32(index_bytes), codec, flags, MAGIC, VERSION)
-    data = b"".join([*pieces, index_bytes, filter_bytes, filter_header, trailer])
-    return EncodedImage(data, layout.n, crc32_hex(data), len(index), tombstones, len(key_filter.words))
+    pieces: list[bytes] = []
+    writer = ImageWriter(pieces.append, block_bytes=block_bytes, level=level, codec=codec, threads=threads)
+    writer.add(table)
+    done = writer.finish()
+    return EncodedImage(b"".join(pieces), done.rows, done.checksum, done.blocks, done.tombstones, done.filter_words)
+
+
+class ImageWriter:
+    """A row image written as its rows come, a key-group range at a time (compaction never holds a partition's
+    rows whole): ``add`` the ranges in ascending sort-key order, a key in one of them only, then ``finish``.
+    Each ``add`` hands its finished blocks' bytes to ``out`` at once and keeps only its unfinished last block
+    (the next rows may still fill it: blocks are packed greedily across ranges, as if the rows came at once)
+    and what the index and the filter need: 40 bytes per block and 4 bytes per record (the hashes; the filter's
+    size depends on the file's record count, known at ``finish``)."""
+
+    def __init__(self, out: Callable[[bytes], None], *, block_bytes: int = BLOCK_BYTES, level: int = 1,
+                 codec: int = ZSTD, threads: int = 0):
+        if codec not in (RAW, ZSTD):
+            raise ValueError(f"codec must be {RAW} (raw) or {ZSTD} (zstd), got {codec}")
+        if block_bytes < HEADER_BYTES:
+            raise ValueError(f"block_bytes must be at least {HEADER_BYTES}, got {block_bytes}")
+        self._out, self._block_bytes, self._level, self._codec, self._threads = out, block_bytes, level, codec, threads
+        self._index: list[np.ndarray] = []
+        self._hashes: list[np.ndarray] = []
+        self._carry: _Carry | None = None   # the records of the unfinished last block
+        self._size = self._crc = self._rows = 0
+        self._tombstones = False
+        self._last: int | None = None     # sort key of the last record added
+
+    def _emit(self, data) -> None:
+        self._out(data)
+        self._crc = zlib.crc32(data, self._crc)
+        self._size += len(data)
+
+    def add(self, table: pa.Table) -> None:
+        """The rows of one key-group range (in any order within it; after every range added before)."""
+        layout = _Layout(table, self._block_bytes, self._carry)
+        if not layout.n:
+            return
+        first = int(layout.new_sk[0])
+        if self._last is not None and first < self._last:
+            raise ValueError(f"rows added to a row image out of sort-key order (key group {first >> 32} after "
+                             f"{self._last >> 32})")
+        self._last = int(layout.new_sk[-1])
+        self._hashes.append((layout.new_sk & np.uint64(0xFFFFFFFF)).astype(np.uint32))
+        self._rows += layout.n
+        self._tombstones |= not layout.new_live.all()
+        blocks = len(layout.first)
+        self._write_blocks(layout, blocks - 1)
+        self._carry = layout.carry(blocks - 1)
+
+    def _write_blocks(self, layout: "_Layout", blocks: int) -> None:
+        """Compresses and writes blocks [0, blocks) of `layout`, recording their index entries."""
+        if blocks <= 0:
+            return
+        index = layout.index(blocks)
+        for b0, b1, stored in _stored(layout.chunks(blocks), self._codec, self._level, self._threads):
+            for b, (block, crc) in zip(range(b0, b1), stored):
+                index[b]["offset"], index[b]["stored"], index[b]["crc"] = self._size, len(block), crc
+                self._emit(block)
+        self._index.append(index)
+
+    def finish(self) -> WrittenImage:
+        """Writes the last block, the index, the key filter and the trailer; what the manifest records."""
+        if self._carry is not None:
+            layout = _Layout(None, self._block_bytes, self._carry)
+            self._write_blocks(layout, len(layout.first))
+            self._carry = None
+        index = np.concatenate(self._index) if self._index else np.zeros(0, dtype=INDEX_ENTRY)
+        index_offset = self._size
+        index_bytes = index.tobytes()
+        hashes = np.concatenate(self._hashes) if self._hashes else np.zeros(0, dtype=np.uint32)
+        key_filter = KeyFilter.of(hashes, self._rows)
+        filter_bytes = key_filter.to_bytes()
+        flags = FILTER | (TOMBSTONES if self._tombstones else 0)
+        self._emit(index_bytes)
+        self._emit(filter_bytes)
+        self._emit(_FILTER_HEADER.pack(len(key_filter.words), key_filter.k, zlib.crc32(filter_bytes), 0))
+        self._emit(_TRAILER.pack(index_offset, self._rows, len(index), zlib.crc32(index_bytes), self._codec, flags,
+                                 MAGIC, VERSION))
+        return WrittenImage(self._rows, self._size, f"crc32:{self._crc:08x}", len(index), self._tombstones,
+                            len(key_filter.words))
+
+
+class _Carry(NamedTuple):
+    """Records already laid out that a block still being filled holds: their bytes, sizes and sort keys."""
+
+    raw: np.ndarray     # uint8, the records back to back
+    sizes: np.ndarray   # int64 bytes of each record
+    sk: np.ndarray      # uint64 sort keys
 
 
 class _Layout:
-    """Where every record of an image goes: the rows in sort-key order, each record's size and offset,
-    and the block cuts; then the records' bytes, a chunk of whole blocks at a time."""
+    """Where every record of an image goes: the rows in sort-key order after any `carry` (records of an
+    unfinished block from before), each record's size and offset, and the block cuts; then the records'
+    bytes, a chunk of whole blocks at a time. Indices of records are over carry + new rows."""
 
-    def __init__(self, table: pa.Table, block_bytes: int):
+    def __init__(self, table: pa.Table | None, block_bytes: int, carry: _Carry | None = None):
+        self.carry_raw = carry.raw if carry is not None else np.zeros(0, dtype=np.uint8)
+        self.nc = nc = 0 if carry is None else len(carry.sizes)
+        if table is not None:
+            self._lay_out(table)
+        else:
+            self.n, self.order = 0, None
+            self.new_sk = np.zeros(0, dtype=np.uint64)
+            self.new_live = np.ones(0, dtype=bool)
+            self.key_len = self.value_len = np.zeros(0, dtype=np.int64)
+        sizes = HEADER_BYTES + self.key_len + np.maximum(self.value_len, 0)
+        if nc:
+            sizes = np.concatenate([carry.sizes, sizes])
+            self.sk = np.concatenate([carry.sk, self.new_sk])
+        else:
+            self.sk = self.new_sk
+        self.sizes = sizes
+        self.cum = np.zeros(len(sizes) + 1, dtype=np.int64)   # byte offset of each record in the raw stream
+        np.cumsum(sizes, out=self.cum[1:])
+        self.first = _block_starts(self.cum, block_bytes)
+        self.ends = np.append(self.first[1:], len(sizes)) if len(sizes) else self.first
+
+    def _lay_out(self, table: pa.Table) -> None:
         table = tables.conform(table)
         if tables.needs_wide([table]):   # 32-bit offsets cannot hold the concatenated column
             table = tables.widen_typed(table) if tables.is_typed(table) else tables.widen(table)
@@ -163,31 +267,28 @@ class _Layout:
         kg = table.column("kg").to_numpy()
         if len(kg) and kg.min() < 0:
             raise ValueError(f"key group {int(kg.min())} is negative: key groups are pmod(hash, maxParallelism)")
-        self.sk = sort_keys(kg, table.column("hash").to_numpy())
-        self.n = n = len(self.sk)
-        self.order = None   # table row of each record; None: the table is in sort-key order already
-        if n > 1 and np.any(self.sk[1:] < self.sk[:-1]):
-            self.order = np.argsort(self.sk)   # equal sort keys may come in any order
-            self.sk = self.sk[self.order]
+        self.new_sk = sort_keys(kg, table.column("hash").to_numpy())
+        self.n = n = len(self.new_sk)
+        self.order = None   # table row of each new record; None: the table is in sort-key order already
+        if n > 1 and np.any(self.new_sk[1:] < self.new_sk[:-1]):
+            self.order = np.argsort(self.new_sk, kind="stable")   # equal sort keys: in the order given
+            self.new_sk = self.new_sk[self.order]
         self._check_distinct()
         live = self.values.valid()
-        self.live = np.ones(n, dtype=bool) if live is None else live if self.order is None else live[self.order]
+        self.new_live = np.ones(n, dtype=bool) if live is None else live if self.order is None else live[self.order]
         self.key_len = self.keys.sizes(self.order)
         self.value_len = np.full(n, -1, dtype=np.int64)
-        self.value_len[self.live] = self.values.sizes(self.rows(0, n)[self.live])
-        self.cum = np.zeros(n + 1, dtype=np.int64)   # byte offset of each record in the raw stream
-        np.cumsum(HEADER_BYTES + self.key_len + np.maximum(self.value_len, 0), out=self.cum[1:])
-        self.first = _block_starts(self.cum, block_bytes)
-        self.ends = np.append(self.first[1:], n) if n else self.first
+        self.value_len[self.new_live] = self.values.sizes(self.rows(0, n)[self.new_live])
 
-    def rows(self, r0: int, r1: int) -> np.ndarray:
-        """Table rows of records [r0, r1)."""
-        return np.arange(r0, r1, dtype=np.int64) if self.order is None else self.order[r0:r1]
+    def rows(self, q0: int, q1: int) -> np.ndarray:
+        """Table rows of new records [q0, q1)."""
+        return np.arange(q0, q1, dtype=np.int64) if self.order is None else self.order[q0:q1]
 
     def _check_distinct(self) -> None:
         """Refuses a key given twice (a lookup would find one of its rows). Only rows sharing a sort key
         (key group and hash) can be equal: those few are compared by their UnsafeRow bytes."""
-        same = np.flatnonzero(self.sk[1:] == self.sk[:-1])
+        sk = self.new_sk
+        same = np.flatnonzero(sk[1:] == sk[:-1])
         if not len(same):
             return
         records = np.unique(np.concatenate([same, same + 1]))
@@ -198,46 +299,64 @@ class _Layout:
         self.keys.write(data, starts[:-1], idx)
         seen = set()
         for r, a, b in zip(records.tolist(), starts[:-1].tolist(), starts[1:].tolist()):
-            s = int(self.sk[r])
+            s = int(sk[r])
             if (s, data[a:b].tobytes()) in seen:
                 raise ValueError(f"a key appears twice (key group {s >> 32}, hash "
                                  f"{np.uint32(s & 0xFFFFFFFF).view(np.int32)}): a row image holds each key once")
             seen.add((s, data[a:b].tobytes()))
 
-    def index(self) -> np.ndarray:
-        """The block index, but for where each block is stored (known once it is compressed)."""
-        index = np.zeros(len(self.first), dtype=INDEX_ENTRY)
-        index["first"], index["last"] = self.sk[self.first], self.sk[self.ends - 1]
-        index["raw"] = self.cum[self.ends] - self.cum[self.first]
-        index["records"] = self.ends - self.first
+    def index(self, blocks: int) -> np.ndarray:
+        """Blocks [0, blocks)' index entries, but for where each is stored (known once it is compressed)."""
+        first, ends = self.first[:blocks], self.ends[:blocks]
+        index = np.zeros(blocks, dtype=INDEX_ENTRY)
+        index["first"], index["last"] = self.sk[first], self.sk[ends - 1]
+        index["raw"] = self.cum[ends] - self.cum[first]
+        index["records"] = ends - first
         return index
 
-    def chunks(self) -> Iterator[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]]:
+    def chunks(self, blocks: int) -> Iterator[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]]:
         """(b0, b1, raw bytes, each block's offset in them, each block's length) for runs of whole blocks
-        [b0, b1) of about CHUNK_BYTES (at least one block each)."""
-        cum, first, ends = self.cum, self.first, self.ends
+        [b0, b1) of about CHUNK_BYTES (at least one block each), blocks [0, blocks) in all."""
+        cum, first, ends = self.cum, self.first[:blocks], self.ends[:blocks]
         b0 = 0
-        while b0 < len(first):
+        while b0 < blocks:
             b1 = max(int(np.searchsorted(cum[ends], cum[first[b0]] + CHUNK_BYTES, side="right")), b0 + 1)
             r0, r1 = int(first[b0]), int(ends[b1 - 1])
             yield b0, b1, self.records(r0, r1), cum[first[b0:b1]] - cum[r0], cum[ends[b0:b1]] - cum[first[b0:b1]]
             b0 = b1
 
     def records(self, r0: int, r1: int) -> np.ndarray:
-        """The raw bytes of records [r0, r1): each header, then the key's and the value's UnsafeRow."""
-        raw = np.zeros(int(self.cum[r1] - self.cum[r0]), dtype=np.uint8)
+        """The raw bytes of records [r0, r1) (carried records first, then new ones)."""
+        nc = self.nc
+        carried = self.carry_raw[self.cum[min(r0, nc)]:self.cum[min(r1, nc)]]
+        if r1 <= nc:
+            return carried
+        new = self._new_records(max(r0, nc) - nc, r1 - nc)
+        return new if not len(carried) else np.concatenate([carried, new])
+
+    def _new_records(self, q0: int, q1: int) -> np.ndarray:
+        """The raw bytes of new records [q0, q1): each header, then the key's and the value's UnsafeRow."""
+        cum = self.cum[self.nc:] - self.cum[self.nc]
+        raw = np.zeros(int(cum[q1] - cum[q0]), dtype=np.uint8)
         words = raw.view(np.uint64)
-        at = self.cum[r0:r1] - self.cum[r0]
-        sk = self.sk[r0:r1]
+        at = cum[q0:q1] - cum[q0]
+        sk = self.new_sk[q0:q1]
         # header words, little-endian: (kg, hash) is the sort key's halves swapped; then (keyLength, valueLength)
         words[at >> 3] = (sk >> np.uint64(32)) | ((sk & np.uint64(0xFFFFFFFF)) << np.uint64(32))
-        klen, vlen = self.key_len[r0:r1], self.value_len[r0:r1]
+        klen, vlen = self.key_len[q0:q1], self.value_len[q0:q1]
         words[(at >> 3) + 1] = klen.astype(np.uint64) | (vlen.astype(np.uint32).astype(np.uint64) << np.uint64(32))
-        idx = self.rows(r0, r1)
+        idx = self.rows(q0, q1)
         self.keys.write(raw, at + HEADER_BYTES, idx)
-        live = self.live[r0:r1]
+        live = self.new_live[q0:q1]
         self.values.write(raw, (at + HEADER_BYTES + klen)[live], idx[live])
         return raw
+
+    def carry(self, block: int) -> _Carry | None:
+        """Block `block` (the last) as the records a later ``add`` may add to; None without one."""
+        if block < 0 or block >= len(self.first):
+            return None
+        r0, r1 = int(self.first[block]), int(self.ends[block])
+        return _Carry(self.records(r0, r1), self.sizes[r0:r1].copy(), self.sk[r0:r1].copy())
 
 
 def _block_starts(cum: np.ndarray, block_bytes: int) -> np.ndarray:

@@ -42,9 +42,9 @@ def export(checkpoint_location: str, output: str, *, batch: int | None = None,
     at = ckpt.committed(batch)
     ckpt.require_spark_state(at)
     out = Dir(output)
-    if not out.is_empty():
-        raise CheckpointError(f"refusing to export into {out.url}: it already holds files; give a new or empty "
-                              f"directory.")
+    occupied = out.occupied()
+    if occupied:
+        raise CheckpointError(f"refusing to export into {out.url}: {occupied}; give a new or empty directory.")
     wanted = None if operators is None else set(operators)
     stores = [sid for sid in ckpt.stores(at) if wanted is None or sid.operator in wanted]
     if wanted is not None and not stores:

@@ -22,13 +22,18 @@ Refused before anything is written, with what to do: a query of the checkpoint r
 batch that started but did not commit, a provider other than these three, checkpoint format v2
 (state store checkpoint ids), ``transformWithState`` state (column families, several values per
 key), a non-empty target, memory storage. Reading and writing need a SparkSession: the active one
-(a notebook's), else a local one started for the migration and stopped after it.
+(a notebook's), else a local one started for the migration and stopped after it, whose JVM starts in
+an empty directory of its own: Spark's Python workers put their working directory first on
+``sys.path``, so a ``spark_state/`` directory where ``spark-state migrate`` was run would shadow the
+installed package in them.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
 import time
 import uuid
 from contextlib import contextmanager
@@ -164,9 +169,9 @@ def _spark_state_dir_files(ckpt: SparkCheckpoint) -> list[Item]:
 
 
 def _require_empty(target: Dir, what: str) -> None:
-    if not target.is_empty():
-        example = next(iter(sorted(target.files())), "")
-        raise CheckpointError(f"refusing to migrate into {target.url}: {what} already holds files (e.g. {example}). "
+    occupied = target.occupied()
+    if occupied:
+        raise CheckpointError(f"refusing to migrate into {target.url}: {what} is not new or empty ({occupied}). "
                               f"Migrate writes a new checkpoint and never overwrites one; give a new or empty location.")
 
 
@@ -206,14 +211,32 @@ def _session() -> Iterator:
         yield active
         return
     builder = (SparkSession.builder.master("local[*]").appName("spark_state migrate")
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .config("spark.pyspark.python", sys.executable).config("spark.pyspark.driver.python", sys.executable))
-    spark = spark_state.configure(builder, prestart_worker=False).getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false"))
+    with tempfile.TemporaryDirectory(prefix="spark-state-migrate-") as home, _launching_in(home):
+        spark = spark_state.configure(builder, prestart_worker=False).getOrCreate()
+        spark.sparkContext.setLogLevel("OFF")   # a failure is raised here, and spark-state says it in one line
+        try:
+            yield spark
+        finally:
+            spark.stop()
+
+
+@contextmanager
+def _launching_in(home: str) -> Iterator[None]:
+    """While a local Spark starts: its JVM works in `home` (see the module docstring), and its Python workers run
+    this Python, which has spark_state (pyspark reads ``PYSPARK_PYTHON`` when the context starts, else runs
+    ``python3`` from PATH)."""
+    here, python = os.getcwd(), os.environ.get("PYSPARK_PYTHON")
+    os.chdir(home)
+    os.environ["PYSPARK_PYTHON"] = sys.executable
     try:
-        yield spark
+        yield
     finally:
-        spark.stop()
+        os.chdir(here)
+        if python is None:
+            del os.environ["PYSPARK_PYTHON"]
+        else:
+            os.environ["PYSPARK_PYTHON"] = python
 
 
 @contextmanager

@@ -9,10 +9,13 @@ import numpy as np
 
 from spark_state import PROVIDER_CLASS
 from spark_state.errors import CheckpointError, SparkStateError
+from spark_state.lifecycle.failures import explain
+from spark_state.lifecycle.health import StoreHealth, listings, store_health
 from spark_state.lifecycle.progress import Progress
 from spark_state.lifecycle.savepoint import is_savepoint, read_savepoint
 from spark_state.options import Settings, settings_from
-from spark_state.spark.checkpoint import SparkCheckpoint
+from spark_state.spark.checkpoint import SparkCheckpoint, partition_count
+from spark_state.spark.files import PROVIDER_CLASS_CONF
 from spark_state.storage.directory import Dir
 from spark_state.storage.layout import DEFAULT_STORE, StoreId, format_versions
 
@@ -21,7 +24,12 @@ HISTOGRAM_BUCKETS = 20
 
 def overview(location: str, *, options: Mapping[str, str] | Settings | None = None,
              progress: Progress = Progress()) -> dict:
-    """A checkpoint's query, batches, operators and stores (versions, files, bytes); or a savepoint's listing."""
+    """A checkpoint's query, batches, operators and stores (versions, files, bytes); or a savepoint's listing.
+
+    What cannot be read is listed under ``problems`` (file, why) and the rest is shown: a batch is
+    ``restorable`` when every store's version of it loads as far as its manifest and the listing tell
+    (``health``), ``damaged`` (with the first reason) when one does not.
+    """
     where = Dir(location)
     if is_savepoint(where):
         meta = read_savepoint(where)
@@ -30,37 +38,78 @@ def overview(location: str, *, options: Mapping[str, str] | Settings | None = No
                 "source": meta.source, "created_ms": meta.created_ms, "stores": list(meta.stores),
                 "files": len(meta.files), "bytes": sum(f.size for f in meta.files)}
     ckpt = SparkCheckpoint(where, settings_from(options))
-    last = ckpt.last_batch
-    provider = ckpt.provider(last) if last is not None else None
+    problems: list[dict] = []
+
+    def attempt(rel: str, read, default=None):
+        try:
+            return read()
+        except (SparkStateError, OSError) as err:
+            problems.append({"file": ckpt.dir.url_of(rel), "message": explain(err)})
+            return default
+
+    query_id = attempt("metadata", lambda: ckpt.query_id)
+    confs = {b: c for b in ckpt.offset_batches
+             if (c := attempt(f"offsets/{b}", lambda b=b: ckpt.offsets(b).conf)) is not None}
+    last = max(confs) if confs else None
+    provider = confs[last].get(PROVIDER_CLASS_CONF) if last is not None else None
+    partitions = {b: n for b, c in confs.items() if (n := partition_count(c)) is not None}
+    operators = attempt("state", lambda: ckpt.operators, [])
     out = {
-        "kind": "checkpoint", "location": ckpt.url, "query_id": ckpt.query_id,
+        "kind": "checkpoint", "location": ckpt.url, "query_id": query_id,
         "provider": provider, "spark_state": provider == PROVIDER_CLASS,
         "batches": {"offsets": ckpt.offset_batches, "committed": ckpt.committed_batches,
-                    "last": last, "last_committed": ckpt.last_committed},
-        "num_partitions": ckpt.num_partitions(last) if last is not None else None,
-        "operators": [],
+                    "last": ckpt.last_batch, "last_committed": ckpt.last_committed, "restorable": [], "damaged": []},
+        "num_partitions": partitions.get(last),
+        "operators": [{"id": op.id, "name": op.name, "stores": list(op.stores)} for op in operators],
+        "problems": problems,
     }
-    if provider != PROVIDER_CLASS or last is None:
-        out["batches"]["restorable"] = []
-        out["operators"] = [{"id": op.id, "name": op.name, "stores": list(op.stores)} for op in ckpt.operators]
+    if provider != PROVIDER_CLASS:
         return out
-    out["batches"]["restorable"] = ckpt.restorable_batches()
-    sids = ckpt.stores(last)
-    stores: dict[int, list] = {}
-    with progress.task("listing stores", len(sids)) as task:
+    candidates = [b for b in ckpt.committed_batches if b in partitions
+                  and confs[b].get(PROVIDER_CLASS_CONF) == PROVIDER_CLASS]
+    sids = sorted({StoreId(op.id, p, name) for op in operators for name in op.stores
+                   for n in {partitions[b] for b in candidates} | {partitions.get(last, 0)} for p in range(n)})
+    listing = listings()
+    stores: dict[StoreId, StoreHealth] = {}
+    with progress.task("checking stores", len(sids)) as task:
         for sid in sids:
-            root = Dir(ckpt.store_root(sid))
-            files = root.files()
-            versions = sorted(int(p.split("/")[0][4:]) for p in files if p.startswith("chk-") and p.endswith("/_metadata"))
-            stores.setdefault(sid.operator, []).append({
-                "name": sid.name, "partition": sid.partition, "root": root.url, "versions": versions,
-                "files": sum(1 for p in files if p.startswith("shared/")), "bytes": sum(files.values()),
-            })
+            health = attempt(f"state/{sid.operator}/{sid.partition}",
+                             lambda: store_health(sid, ckpt.store_root(sid), ckpt.store_root, listing))
+            if health is not None:
+                stores[sid] = health
             task.advance()
-    for op in ckpt.operators:
-        out["operators"].append({"id": op.id, "name": op.name, "stores": list(op.stores),
-                                 "partitions": stores.get(op.id, [])})
+    for b in candidates:
+        why = _why_not_restorable(b, [StoreId(op.id, p, name) for op in operators for name in op.stores
+                                      for p in range(partitions[b])], stores)
+        if why is None:
+            out["batches"]["restorable"].append(b)
+        elif why:
+            out["batches"]["damaged"].append({"batch": b, "reason": why})
+    now = {StoreId(op.id, p, name) for op in operators for name in op.stores for p in range(partitions.get(last, 0))}
+    for op in out["operators"]:
+        op["partitions"] = [{"name": h.sid.name, "partition": h.sid.partition, "root": Dir(h.root).url,
+                             "versions": h.versions, "damaged": sorted(h.broken),
+                             "files": sum(1 for p in h.files if p.startswith("shared/")),
+                             "bytes": sum(h.files.values())}
+                            for sid, h in stores.items() if sid.operator == op["id"] and sid in now]
     return out
+
+
+def _why_not_restorable(batch: int, sids: list[StoreId], stores: dict[StoreId, StoreHealth]) -> str | None:
+    """None when every store's version ``batch + 1`` loads; "" when retention dropped it (not restorable, not
+    damaged); else why not."""
+    version = batch + 1
+    for sid in sids:
+        health = stores.get(sid)
+        if health is None:
+            return f"store ({sid}) cannot be listed"
+        if version in health.broken:
+            return health.broken[version]
+        if version not in health.versions:
+            if health.versions and version < health.versions[0]:
+                return ""
+            return f"store ({sid}) has no version {version}"
+    return None
 
 
 def _histogram(kg: np.ndarray, max_parallelism: int) -> dict:

@@ -47,10 +47,10 @@ class Restored(NewCheckpoint):
 
 
 def _require_empty(target: Dir, what: str) -> None:
-    if not target.is_empty():
-        example = next(iter(sorted(target.files())), "")
+    occupied = target.occupied()
+    if occupied:
         raise CheckpointError(
-            f"refusing to restore into {target.url}: {what} already holds files (e.g. {example}). Restore writes "
+            f"refusing to restore into {target.url}: {what} is not new or empty ({occupied}). Restore writes "
             f"a new checkpoint and never overwrites one; give a new or empty location."
         )
 

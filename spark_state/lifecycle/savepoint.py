@@ -115,7 +115,7 @@ def is_savepoint(location: Dir) -> bool:
         return True
     try:
         return json.loads(location.read(METADATA)).get("kind") == KIND
-    except (FileNotFoundError, ValueError, AttributeError, IsADirectoryError, RecursionError):
+    except (FileNotFoundError, NotADirectoryError, ValueError, AttributeError, IsADirectoryError, RecursionError):
         return False
 
 
@@ -165,6 +165,9 @@ def savepoint(checkpoint_location: str, target_directory: str | None = None, *, 
     ckpt = SparkCheckpoint(checkpoint_location, settings)
     cut = checkpoint_cut(ckpt, batch, progress)
     target = Dir(as_url(target_directory or _default_target(settings)))
+    if target.exists() and target.fs.isfile(target.full()):
+        raise CheckpointError(f"the savepoint target {target.url} is a file; give a directory (new or not: each "
+                              f"savepoint is a new directory in it).")
     name = f"savepoint-{cut.query_id.replace('-', '')[:6]}-{secrets.token_hex(6)}"
     sp = target.child(name)
     sp.copy_in(IN_PROGRESS, b"")

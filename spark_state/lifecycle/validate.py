@@ -13,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
+from spark_state import PROVIDER_CLASS
 from spark_state.errors import SparkStateError
 from spark_state.lifecycle.cut import Item
+from spark_state.lifecycle.failures import explain
 from spark_state.lifecycle.progress import Progress
 from spark_state.lifecycle.savepoint import is_savepoint, read_savepoint
 from spark_state.options import Settings, settings_from
@@ -37,21 +39,26 @@ class Validation:
     files: int = 0
     bytes: int = 0
     problems: list[Problem] = field(default_factory=list)
+    #: the committed batches a problem affects (a restore to them fails), and the latest retained one that no
+    #: problem affects: ``spark-state restore LOCATION NEW --batch way_back`` resumes the query after it
+    affected_batches: list[int] = field(default_factory=list)
+    way_back: int | None = None
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
 
-def _check(item: Item, report: Validation) -> None:
+def _check(item: Item, report: Validation) -> bool:
     name = item.source.url_of(item.source_rel) if item.source is not None else item.rel
     try:
         data = item.fetch()
     except SparkStateError as err:
         report.problems.append(Problem(name, str(err)))
-        return
+        return False
     report.files += 1
     report.bytes += len(data)
+    return True
 
 
 def _validate_savepoint(sp: Dir, report: Validation, progress: Progress) -> None:
@@ -66,9 +73,12 @@ def _validate_savepoint(sp: Dir, report: Validation, progress: Progress) -> None
             task.advance()
 
 
-def _validate_logs(ckpt: SparkCheckpoint, report: Validation) -> None:
-    for rel, parse in [("metadata", None)] + [(f"offsets/{b}", OffsetSeq.parse) for b in ckpt.offset_batches] + \
-            [(f"commits/{b}", parse_commit) for b in ckpt.committed_batches]:
+def _validate_logs(ckpt: SparkCheckpoint, report: Validation) -> set[int]:
+    """Checks ``metadata`` and every offset and commit log entry; the batches whose entries are bad."""
+    bad = set()
+    for rel, batch, parse in [("metadata", None, None)] + \
+            [(f"offsets/{b}", b, OffsetSeq.parse) for b in ckpt.offset_batches] + \
+            [(f"commits/{b}", b, parse_commit) for b in ckpt.committed_batches]:
         url = ckpt.dir.url_of(rel)
         try:
             data = ckpt.dir.read(rel)
@@ -76,14 +86,14 @@ def _validate_logs(ckpt: SparkCheckpoint, report: Validation) -> None:
                 _ = ckpt.query_id
             else:
                 parse(data, url)
-        except FileNotFoundError:
-            report.problems.append(Problem(url, f"{url} is missing."))
-            continue
-        except SparkStateError as err:
-            report.problems.append(Problem(url, str(err)))
+        except (FileNotFoundError, SparkStateError) as err:
+            report.problems.append(Problem(url, f"{url} is missing." if isinstance(err, FileNotFoundError)
+                                           else str(err)))
+            bad.add(batch)
             continue
         report.files += 1
         report.bytes += len(data)
+    return bad - {None}
 
 
 def _stores(ckpt: SparkCheckpoint, batch: int | None) -> list[tuple[StoreId, list[int] | None]]:
@@ -110,7 +120,7 @@ def validate(location: str, *, batch: int | None = None, options: Mapping[str, s
         return report
     ckpt = SparkCheckpoint(where, settings_from(options))
     report = Validation(ckpt.url, "checkpoint")
-    _validate_logs(ckpt, report)
+    logs_bad = _validate_logs(ckpt, report)
     at = ckpt.committed(batch) if batch is not None else ckpt.last_committed
     required: dict[StoreId, int] = {}
     if at is not None:
@@ -119,7 +129,8 @@ def validate(location: str, *, batch: int | None = None, options: Mapping[str, s
             required = {sid: at + 1 for sid in ckpt.stores(at)}
         except SparkStateError as err:
             report.problems.append(Problem(ckpt.dir.url_of(f"offsets/{at}"), str(err)))
-    seen: set[tuple[str, str]] = set()
+    seen: dict[tuple[str, str], bool] = {}   # (root, path) -> whether it checked fine
+    bad: set[tuple[StoreId, int]] = set()      # store versions a problem affects
     stores = _stores(ckpt, batch)
     with progress.task("checking stores", len(stores)) as task:
         for sid, versions in stores:
@@ -128,33 +139,63 @@ def validate(location: str, *, batch: int | None = None, options: Mapping[str, s
                 present = store.versions()
                 wanted = versions if versions is not None else present
                 root = Dir(store.storage.root)
+                if not present:
+                    root.files()   # no version: a directory it may not list raises here, and is named
                 if sid in required and required[sid] not in present:
                     report.problems.append(Problem(
                         root.url_of(f"chk-{required[sid]}/_metadata"),
                         f"store ({sid}) has no version {required[sid]}, the state of batch {at}; versions present: "
                         f"{format_versions(present)}. {ckpt.where_hint()}"))
+                    bad.add((sid, required[sid]))
                     wanted = [v for v in wanted if v in present]
                 for v in wanted:
-                    manifest_url = root.url_of(f"chk-{v}/_metadata")
-                    try:
-                        manifest = ckpt.manifest(sid, v)
-                    except SparkStateError as err:
-                        report.problems.append(Problem(manifest_url, str(err)))
-                        continue
-                    report.files += 1
-                    for entry in manifest.files:
-                        # a rescaled chain names files in other partitions' stores (manifest format 3)
-                        holder = root if entry.partition is None else \
-                            Dir(ckpt.store_root(replace(sid, partition=entry.partition)))
-                        files = [(entry.path, entry.size, entry.checksum)]
-                        if entry.image is not None:   # a snapshot's row image is checked like any state file
-                            files.append((entry.image.path, entry.image.size, entry.image.checksum))
-                        for path, size, checksum in files:
-                            if (holder.url, path) in seen:
-                                continue
-                            seen.add((holder.url, path))
-                            _check(Item(path, holder, path, size=size, checksum=checksum), report)
-            except SparkStateError as err:
-                report.problems.append(Problem(ckpt.store_root(sid), str(err)))
+                    if not _check_version(ckpt, sid, v, root, seen, report):
+                        bad.add((sid, v))
+            except (SparkStateError, OSError) as err:
+                report.problems.append(Problem(ckpt.store_root(sid), explain(err)))
+                bad.update((sid, v) for v in (versions or [b + 1 for b in ckpt.committed_batches]))
             task.advance()
+    if report.problems:
+        _way_back(ckpt, bad, logs_bad, report)
     return report
+
+
+def _check_version(ckpt: SparkCheckpoint, sid: StoreId, v: int, root: Dir, seen: dict, report: Validation) -> bool:
+    """Checks version `v`'s manifest and every file it names (each file once per run); whether all were fine."""
+    try:
+        manifest = ckpt.manifest(sid, v)
+    except SparkStateError as err:
+        report.problems.append(Problem(root.url_of(f"chk-{v}/_metadata"), str(err)))
+        return False
+    report.files += 1
+    fine = True
+    for entry in manifest.files:
+        # a rescaled chain names files in other partitions' stores (manifest format 3)
+        holder = root if entry.partition is None else Dir(ckpt.store_root(replace(sid, partition=entry.partition)))
+        files = [(entry.path, entry.size, entry.checksum)]
+        if entry.image is not None:   # a snapshot's row image is checked like any state file
+            files.append((entry.image.path, entry.image.size, entry.image.checksum))
+        for path, size, checksum in files:
+            if (holder.url, path) not in seen:
+                seen[(holder.url, path)] = _check(Item(path, holder, path, size=size, checksum=checksum), report)
+            fine = fine and seen[(holder.url, path)]
+    return fine
+
+
+def _way_back(ckpt: SparkCheckpoint, bad: set[tuple[StoreId, int]], logs_bad: set[int], report: Validation) -> None:
+    """The committed batches the problems affect, and the latest one they do not: what restore can go back to."""
+    versions_bad = {v for _, v in bad}
+    report.affected_batches = sorted(b for b in ckpt.committed_batches if b + 1 in versions_bad or b in logs_bad)
+    intact = [b for b in ckpt.committed_batches if b not in report.affected_batches and b in ckpt.offset_batches
+              and _retained(ckpt, b)]
+    report.way_back = intact[-1] if intact else None
+
+
+def _retained(ckpt: SparkCheckpoint, batch: int) -> bool:
+    """Whether every store still has version ``batch + 1`` (retention keeps the last minBatchesToRetain)."""
+    try:
+        if ckpt.provider(batch) != PROVIDER_CLASS:
+            return False
+        return all(batch + 1 in ckpt.versions(sid) for sid in ckpt.stores(batch))
+    except SparkStateError:
+        return False

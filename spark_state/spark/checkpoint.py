@@ -50,6 +50,15 @@ class Operator:
     metadata: OperatorMetadata | None
 
 
+def partition_count(conf: Mapping[str, str]) -> int | None:
+    """The state partition count an offset log entry's conf pins (Spark's internal conf where set, else the
+    shuffle partitions), or None when it records none."""
+    try:
+        return int(conf.get(STATE_PARTITIONS, conf.get(SHUFFLE_PARTITIONS)))
+    except (TypeError, ValueError):
+        return None
+
+
 def spark_state_root(checkpoint: Dir) -> str:
     """The state root string Spark hands the provider (``StateStoreId.checkpointRootLocation``):
     Hadoop's qualified path of ``<checkpoint>/state``, ``file:/abs/path/state`` for a local directory."""
@@ -76,10 +85,15 @@ class SparkCheckpoint:
         self.dir = location if isinstance(location, Dir) else Dir(location)
         self.settings = settings_from(options)
         if not self.dir.exists("metadata") and not self.dir.exists("offsets"):
-            raise CheckpointError(
-                f"{self.dir.url} is not a Spark checkpoint: it has neither 'metadata' nor 'offsets/'. Pass the "
-                f"checkpointLocation of a streaming query that has run at least once."
-            )
+            raise CheckpointError(f"{self.dir.url} {self._what_instead()}. Pass the checkpointLocation of a "
+                                  f"streaming query that has run at least once.")
+
+    def _what_instead(self) -> str:
+        if not self.dir.exists():
+            return "does not exist"
+        if self.dir.fs.isfile(self.dir.full()):
+            return "is a file, not a checkpoint directory"
+        return "is not a Spark checkpoint: it has neither 'metadata' nor 'offsets/'"
 
     def __repr__(self) -> str:
         return f"SparkCheckpoint({self.dir.url!r})"
@@ -165,12 +179,11 @@ class SparkCheckpoint:
 
     def num_partitions(self, batch: int) -> int:
         """The state partition count Spark pinned for `batch` (the internal conf where set, else shuffle partitions)."""
-        conf = self.offsets(batch).conf
-        raw = conf.get(STATE_PARTITIONS, conf.get(SHUFFLE_PARTITIONS))
-        if raw is None:
-            raise CheckpointError(f"offsets/{batch} of {self.dir.url} does not record the partition count; it "
-                                  f"was written by a Spark older than 2.1.")
-        return int(raw)
+        count = partition_count(self.offsets(batch).conf)
+        if count is None:
+            raise CheckpointError(f"offsets/{batch} of {self.dir.url} records no partition count; it was written "
+                                  f"by a Spark older than 2.1, or edited.")
+        return count
 
     def provider(self, batch: int) -> str | None:
         return self.offsets(batch).conf.get(PROVIDER_CLASS_CONF)
@@ -261,10 +274,15 @@ class SparkCheckpoint:
                 f"want to operate on."
             )
         store = open_store(self.store_ref(sid), self.settings, cached=False)
-        latest = store.latest_version()
-        if latest is not None:   # the tools are not given the query's maxParallelism: its manifests say it
-            recorded = store.reader.read_manifest(latest).max_parallelism
+        # The tools are not given the query's maxParallelism: its manifests say it (the newest that reads: a
+        # damaged one is reported by whatever reads that version).
+        for version in reversed(store.versions()):
+            try:
+                recorded = store.reader.read_manifest(version).max_parallelism
+            except SparkStateError:
+                continue
             store.update_settings(replace(self.settings, max_parallelism=recorded))
+            break
         return store
 
     def manifest(self, sid: StoreId, version: int) -> Manifest:
@@ -282,30 +300,3 @@ class SparkCheckpoint:
 
     def versions(self, sid: StoreId) -> list[int]:
         return self.store(sid).versions()
-
-    def restorable_batches(self) -> list[int]:
-        """Committed batches whose offsets and every store's version b + 1 are still retained."""
-        candidates = [b for b in self.committed_batches if b in set(self.offset_batches)]
-        if not candidates:
-            return []
-        by_count: dict[int, list[StoreId]] = {}
-        out = []
-        kept: dict[StoreId, set[int]] = {}
-        for b in candidates:
-            try:
-                n = self.num_partitions(b)
-                if self.provider(b) != PROVIDER_CLASS:
-                    continue
-            except SparkStateError:
-                continue
-            sids = by_count.setdefault(n, self.stores(b))
-            ok = True
-            for sid in sids:
-                if sid not in kept:
-                    kept[sid] = set(self.versions(sid))
-                if b + 1 not in kept[sid]:
-                    ok = False
-                    break
-            if ok:
-                out.append(b)
-        return out

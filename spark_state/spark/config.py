@@ -6,7 +6,7 @@ import sys
 from typing import Any
 
 from spark_state import PROVIDER_CLASS
-from spark_state.errors import ShimNotLoaded
+from spark_state.errors import OptionError, ShimNotLoaded
 from spark_state.options import OPTION_FIELDS, PREFIX, Settings
 
 _PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
@@ -53,7 +53,10 @@ def configure(builder, **options: Any):
     """Returns ``builder`` with the shim jar on the classpath and spark_state as the state store.
 
     ``options`` are the plugin's options in snake_case (see ``spark_state.options``):
-    ``configure(SparkSession.builder, storage="filesystem", snapshot_interval=5)``.
+    ``configure(SparkSession.builder, storage="filesystem", snapshot_interval=5)``. They are checked here;
+    the builder's ``getOrCreate()`` checks every spark_state option set otherwise (``builder.config``,
+    ``--conf``, ``spark-defaults.conf``) before Spark starts and once the session has its conf, so a bad
+    value fails there, not in the first batch (docs/configuration.md, "When a value is checked").
     A ``spark.jars`` value already on the builder is kept; the shim jar is appended.
 
     ``spark.jars`` only reaches the driver's classpath when it starts the JVM. When a JVM is
@@ -80,13 +83,34 @@ def configure(builder, **options: Any):
     get_or_create = builder.getOrCreate
 
     def get_or_create_with_shim():
+        check_options(getattr(builder, "_options", {}), "the builder")   # before Spark starts
         session = get_or_create()
         ensure_driver_classpath(session, jar)
+        check_options(_session_conf(session), "the session (--conf, spark-defaults.conf, the builder)")
         return session
 
     get_or_create_with_shim.__doc__ = get_or_create.__doc__
     builder.getOrCreate = get_or_create_with_shim
     return builder
+
+
+def check_options(conf, where: str = "the session") -> None:
+    """Raises OptionError for a spark_state option in `conf` (a SparkSession, or Spark conf entries) that the
+    worker would refuse in the first batch: what ``spark.conf.set`` sets is otherwise checked only there."""
+    if hasattr(conf, "conf") and hasattr(conf, "readStream"):
+        conf = _session_conf(conf)
+    ours = {k: str(v) for k, v in dict(conf).items() if str(k).startswith(PREFIX)}
+    try:
+        Settings.from_conf(ours)
+    except OptionError as err:
+        raise OptionError(f"{err} (set in {where})") from None
+
+
+def _session_conf(session) -> dict:
+    try:
+        return dict(session.conf.getAll)
+    except Exception:  # noqa: BLE001 - a session that cannot list its conf is checked by the worker at the first batch
+        return {}
 
 
 def _jvm_running() -> bool:

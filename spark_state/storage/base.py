@@ -63,11 +63,12 @@ class CheckpointStorage(ABC):
         directories to bring back; there the caller's re-read of the manifest is the check.
         """
 
-    def open_data_file(self, path: str) -> "DataFileWriter":
-        """A data file written in pieces as they come (a commit streamed while its batch runs); like
-        write_file, invisible until a manifest names it. This default keeps the pieces in memory and writes
-        the file whole at ``close``; backends that can append (local disks) write each piece at once."""
-        return BufferedDataFile(self, path)
+    def open_data_file(self, path: str, *, recreate: bool = True) -> "DataFileWriter":
+        """A data file written in pieces as they come (a commit streamed while its batch runs, a compaction a
+        key-group range at a time); like write_file, invisible until a manifest names it (``recreate``: as
+        write_file). This default keeps the pieces in memory and writes the file whole at ``close``; backends
+        that can append (local disks) write each piece at once."""
+        return BufferedDataFile(self, path, recreate=recreate)
 
     @abstractmethod
     def commit_record(self, version: int, name: str, data: bytes, *, recreate: bool = True) -> None:
@@ -180,9 +181,10 @@ class DataFileWriter(ABC):
 class BufferedDataFile(DataFileWriter):
     """Pieces kept in memory, the file written whole at close: every backend can (objects are put whole)."""
 
-    def __init__(self, storage: CheckpointStorage, path: str):
+    def __init__(self, storage: CheckpointStorage, path: str, *, recreate: bool = True):
         super().__init__(path)
         self._storage = storage
+        self._recreate = recreate
         self._pieces: list[bytes] = []
 
     def write(self, data: bytes) -> None:
@@ -190,7 +192,7 @@ class BufferedDataFile(DataFileWriter):
 
     def close(self) -> None:
         data, self._pieces = b"".join(self._pieces), []
-        self._storage.write_file(self.path, data)
+        self._storage.write_file(self.path, data, recreate=self._recreate)
 
     def discard(self) -> None:
         self._pieces = []

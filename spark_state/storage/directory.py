@@ -27,6 +27,12 @@ def crc_companion(rel: str) -> str:
     return posixpath.join(head, f".{name}.crc")
 
 
+def _raise_unless_gone(err: Exception) -> None:
+    """A listing error other than a directory removed while it was walked (a retention run)."""
+    if not isinstance(err, FileNotFoundError):
+        raise err
+
+
 class Dir:
     """A directory (it need not exist yet) and the files below it, by path relative to it."""
 
@@ -81,8 +87,11 @@ class Dir:
 
     def files(self, rel: str = "") -> dict[str, int]:
         """Every file below `rel`, as path relative to this directory -> size."""
+        # fsspec's walk omits what it cannot list: a directory it may not read would look empty (local disks;
+        # object stores raise on their own)
+        checked = {"on_error": _raise_unless_gone} if self.local else {}
         try:
-            found = self.fs.find(self.full(rel), detail=True)
+            found = self.fs.find(self.full(rel), detail=True, **checked)
         except FileNotFoundError:
             return {}
         strip = len(self.base.rstrip("/")) + 1
@@ -101,6 +110,14 @@ class Dir:
             return not self.fs.find(self.full(), maxdepth=None)
         except FileNotFoundError:
             return True
+
+    def occupied(self) -> str | None:
+        """None when the directory is missing or holds no file; else what is in the way, for a refusal to write."""
+        if self.is_empty():
+            return None
+        if self.fs.isfile(self.full()):
+            return "it is a file"
+        return f"it already holds files (e.g. {next(iter(sorted(self.files())), '?')})"
 
     # ------------------------------------------------------------- writing
 

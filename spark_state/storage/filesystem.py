@@ -136,10 +136,10 @@ class FileSystemCheckpointStorage(CheckpointStorage):
                 raise self._deleted(self._base)
             self.fs.pipe_file(full, bytes(data) if not isinstance(data, bytes) else data)
 
-    def open_data_file(self, path: str) -> DataFileWriter:
+    def open_data_file(self, path: str, *, recreate: bool = True) -> DataFileWriter:
         if not self._local:
-            return super().open_data_file(path)   # object stores put a file whole
-        return _LocalDataFile(self, path)
+            return super().open_data_file(path, recreate=recreate)   # object stores put a file whole
+        return _LocalDataFile(self, path, recreate)
 
     def commit_record(self, version: int, name: str, data: bytes, *, recreate: bool = True) -> None:
         with self._writing(self._full(record_path(version, name))):
@@ -309,22 +309,38 @@ class _LocalDataFile(DataFileWriter):
     #: Bytes written between two syncs: a sync per small piece would cost more than the tail it saves.
     SYNC_BYTES = 8 << 20
 
-    def __init__(self, storage: FileSystemCheckpointStorage, path: str):
+    def __init__(self, storage: FileSystemCheckpointStorage, path: str, recreate: bool = True):
         super().__init__(path)
         self._storage = storage
         self._full = storage._full(path)
+        self._unsynced = 0
         directory = os.path.dirname(self._full)
         with storage._writing(self._full):
+            if not recreate:   # as background work's write_file: a directory seen and gone stays gone
+                try:
+                    self._file = self._open()
+                except FileNotFoundError:
+                    if directory in storage._made_dirs:
+                        raise storage._deleted(directory) from None
+                    storage._mkdir(directory)
+                    try:
+                        self._file = self._open()
+                    except FileNotFoundError:
+                        raise storage._deleted(directory) from None
+                storage._made_dirs.add(directory)
+                return
             for attempt in (1, 2):   # as a commit's write_file: a deleted directory is made again, once
                 storage._makedirs(directory)
                 try:
-                    self._file = open(self._full, "xb", buffering=1 << 20)
-                    self._unsynced = 0
+                    self._file = self._open()
                     break
                 except FileNotFoundError:
                     storage._made_dirs.discard(directory)
                     if attempt == 2:
                         raise
+
+    def _open(self):
+        return open(self._full, "xb", buffering=1 << 20)
 
     def write(self, data: bytes) -> None:
         with self._storage._writing(self._full):

@@ -1,4 +1,5 @@
-"""Entry point the JVM shim starts: ``python -m spark_state.worker --socket-dir DIR``.
+"""Entry point of the worker: ``python -m spark_state.worker --socket-dir DIR``, or ``main`` as the JVM shim
+runs it (``WorkerProcess.BOOTSTRAP``: the same, without the working directory on ``sys.path``).
 
 The secret arrives as the first line on stdin; the worker then watches stdin
 and exits at EOF, which is how it follows the JVM that started it however

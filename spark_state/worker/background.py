@@ -16,6 +16,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Hashable
 
+import pyarrow as pa
+
 log = logging.getLogger("spark_state.worker")
 
 #: A job longer than this is logged (with its key): one thread serves every store, so it delays the others.
@@ -60,6 +62,7 @@ class BackgroundWork:
         except Exception:  # background work must not take the worker down
             log.exception("background job %s failed; it will be retried on a later request", key)
         finally:
+            pa.default_memory_pool().release_unused()   # a compaction's buffers go back to the system
             with self._changed:
                 self._jobs -= 1
                 self._changed.notify_all()

@@ -22,8 +22,20 @@ def sandbox(spark, tmp_path_factory):
     """The directory the one-minute example ran in (its checkpoint in ckpt/)."""
     [example] = [e for e in doc_examples.examples(doc_examples.ROOT / "README.md") if e.kind == "sandbox"]
     work = tmp_path_factory.mktemp("docs-sandbox")
-    doc_examples.run(example, {"__name__": "__docs__"}, work)
+    before = dict(spark.conf.getAll)
+    try:
+        doc_examples.run(example, {"__name__": "__docs__"}, work)
+    finally:   # its builder's settings (a partition count) land on the suite's session: not beyond the example
+        for key, value in dict(spark.conf.getAll).items():
+            if before.get(key) != value:
+                spark.conf.unset(key) if key not in before else spark.conf.set(key, before[key])
     return work
+
+
+def test_the_one_minute_example_runs_with_the_partition_count_it_sets(sandbox):
+    from spark_state.spark.checkpoint import SparkCheckpoint
+
+    assert SparkCheckpoint(str(sandbox / "ckpt")).num_partitions(0) == 4
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])

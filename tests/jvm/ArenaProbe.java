@@ -1,8 +1,5 @@
 package io.sparkstate.shim.engine;
 
-import io.sparkstate.shim.codec.KeyHasher;
-import io.sparkstate.shim.memory.MemoryBudget;
-
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.io.PrintStream;
@@ -11,6 +8,8 @@ import java.util.ArrayList;
 import java.util.Iterator;
 import java.util.List;
 
+import io.sparkstate.shim.codec.KeyHasher;
+import io.sparkstate.shim.memory.MemoryBudget;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
 import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
@@ -99,7 +98,7 @@ public class ArenaProbe {
   }
 
   /** What a write answers, by its code (StateMap.ABSENT, HELD, CHANGED). */
-  static final String[] STATUS = {"ABSENT", "HELD", "CHANGED"};
+  static final String[] STATUS = {"ABSENT", "HELD", "CHANGED", "UNCHANGED"};
   static final MemoryBudget BUDGET = new MemoryBudget(Long.getLong("probe.budget", 1L << 30));
   static final Engine ENGINE = new Engine(BUDGET);
 

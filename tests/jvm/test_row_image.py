@@ -442,3 +442,17 @@ def test_the_key_filter_sets_the_bits_the_python_writer_sets(probe):
     for v in vectors:
         answer = probe.ask(f"positions {v['hash']} {v['k']} {v['m']}")
         assert answer == "OK " + " ".join(str(b) for b in v["bits"]), (v, answer)
+
+
+def test_a_filter_header_whose_hash_count_was_changed_is_refused_at_open(probe, damaged):
+    """No CRC covers the header's k; a raised k makes the filter deny keys the file holds, which the reader
+    catches at open: each block's first and last record must pass the filter."""
+    path, _, _, write = damaged
+    data = bytearray(path.read_bytes())
+    k_at = len(data) - 56 + 4
+    assert struct.unpack_from("<I", data, k_at)[0] == 7
+    struct.pack_into("<I", data, k_at, 30)
+    copy = write(bytes(data))
+    answer = probe.ask(f"open {copy} 1 10000")
+    assert answer.startswith("ERR RowImageException: "), answer
+    assert str(copy) in answer and "key filter rules out a key" in answer and RELOAD in answer, answer

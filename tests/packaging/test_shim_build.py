@@ -33,8 +33,8 @@ def test_builds_jar_named_for_spark_version(shim_copy):
     assert jar == shim_copy / "build" / f"spark-state-shim-spark{shim.spark_version()}.jar"
     with zipfile.ZipFile(jar) as zf:
         names = set(zf.namelist())
-    for cls in ("SparkStateProvider", "SparkStateStore", "SparkStateReadStore", "WorkerClient",
-                "ArrowCodec", "KeyHasher", "PrefixIndex", "StateMap"):
+    for cls in ("SparkStateProvider", "SparkStateStore", "SparkStateReadStore", "worker/WorkerClient",
+                "codec/ArrowCodec", "codec/KeyHasher", "engine/PrefixIndex", "engine/StateMap"):
         assert f"io/sparkstate/shim/{cls}.class" in names
     # The provider implements Spark's interface and has the public no-arg constructor Spark needs.
     out = subprocess.run(["javap", "-cp", f"{jar}{os.pathsep}{shim.spark_jars_dir() / '*'}",

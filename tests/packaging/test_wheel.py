@@ -31,7 +31,7 @@ def test_wheel_carries_the_compiled_shim_and_no_sources(wheel):
         with zf.open("spark_state/jars/spark-state-shim.jar") as jar, zipfile.ZipFile(jar) as inner:
             classes = set(inner.namelist())
     assert not [n for n in names if n.endswith(".java")]
-    for cls in ("SparkStateProvider", "SparkStateStore", "SparkStateReadStore", "SparkCompat", "WorkerClient"):
+    for cls in ("SparkStateProvider", "SparkStateStore", "SparkStateReadStore", "SparkCompat", "worker/WorkerClient"):
         assert f"io/sparkstate/shim/{cls}.class" in classes
     assert "spark_state/worker/__main__.py" in names
 

@@ -114,3 +114,24 @@ def test_damaged_state_file_is_named_and_state_comes_back_once_mended(spark, tmp
     victim.write_bytes(original)  # the operator restores the file from a backup
     query.run()
     assert _final_counts(query) == dict(expected)
+
+
+def test_a_bad_option_from_spark_submit_fails_in_get_or_create(tmp_path):
+    """An option of the application's Spark conf (--conf, spark-defaults.conf; here PYSPARK_SUBMIT_ARGS) fails
+    where configure()'s session is created, not in the first batch."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.paths import pythonpath_with_root
+
+    app = ("import spark_state\nfrom pyspark.sql import SparkSession\n"
+           "spark_state.configure(SparkSession.builder.master('local[1]')).getOrCreate()\n")
+    env = dict(os.environ, PYTHONPATH=pythonpath_with_root(),
+               PYSPARK_SUBMIT_ARGS=f"--conf {PREFIX}fileGracePeriod=soon pyspark-shell")
+    done = subprocess.run([sys.executable, "-c", app], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("spark_state.errors.OptionError: ") and "fileGracePeriod='soon' is not a duration" in last
+    assert "(set in the session" in last, last

@@ -117,7 +117,7 @@ def test_savepoint_and_restore_commands_resume_the_query(finished, tmp_path):
 
 
 @pytest.mark.parametrize("args, says", [
-    (["ls", "{tmp}/nothing"], "is not a Spark checkpoint"),
+    (["ls", "{tmp}/nothing"], "does not exist"),
     (["restore", "{ckpt}", "{ckpt}/offsets"], "refusing to restore into"),
     (["inspect", "{ckpt}", "-o", "3", "-p", "0"], "has no operator 3; its operators are [0]"),
     (["inspect", "{ckpt}", "-o", "0", "-p", "0", "--version", "9"], "has no version 9; versions present: 1-5"),

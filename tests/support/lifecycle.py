@@ -54,18 +54,21 @@ def finished_checkpoint(spark, tmp_path_factory) -> Finished:
     return _FINISHED["finished"]
 
 
-def cli(*args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess:
-    """``python -m spark_state ARGS`` in a child process (what the ``spark-state`` script runs)."""
-    env = dict(os.environ)
+def cli(*args: str, check: bool = True, timeout: float = 180, env: dict | None = None,
+        capabilities: list[str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m spark_state ARGS`` in a child process (what the ``spark-state`` script runs), in `env` (default:
+    this one's); run as root, the child gives up `capabilities` (``setpriv`` options)."""
+    env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = pythonpath_with_root(env)
-    done = subprocess.run([sys.executable, "-m", "spark_state", *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=timeout)
+    setpriv = ["setpriv", *capabilities] if capabilities and os.geteuid() == 0 else []
+    done = subprocess.run([*setpriv, sys.executable, "-m", "spark_state", *map(str, args)], capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=timeout)
     if check and done.returncode != 0:
         raise AssertionError(f"spark-state {' '.join(map(str, args))} exited {done.returncode}:\n"
                              f"{done.stdout}\n{done.stderr}")
     return done
 
 
-def cli_json(*args: str, check: bool = True) -> tuple[int, dict]:
-    done = cli(*args, "--json", check=check)
+def cli_json(*args: str, check: bool = True, **kwargs) -> tuple[int, dict]:
+    done = cli(*args, "--json", check=check, **kwargs)
     return done.returncode, json.loads(done.stdout)

@@ -64,3 +64,32 @@ def test_configure_validates_before_spark_starts():
         option_conf(compression_level=99)
     with pytest.raises(TypeError, match="snapshot_intervall"):
         spark_conf(snapshot_intervall=3)
+
+
+def test_memory_limit_defaults_to_the_jvms_computation():
+    """Unset, the worker answers null (validate) and the shim computes it from Spark's memory model: half of
+    Spark's user memory, 145 MiB of a 1 GiB heap, as the description says."""
+    assert Settings().memory_limit is None and Settings.from_conf({"memoryLimit": "145m"}).memory_limit == 145 << 20
+    description = DESCRIPTIONS["memoryLimit"]
+    assert "0.5 * (heap - 300 MiB) * (1 - spark.memory.fraction)" in description and "145 MiB of a 1 GiB" in description
+
+
+def test_an_option_set_on_the_builder_fails_in_get_or_create_before_spark_starts():
+    """configure()'s keywords are checked in the call; a value given to its builder with .config() in
+    getOrCreate(), before a JVM is asked for anything (a fresh Builder: the global one is the suite's)."""
+    from pyspark.sql import SparkSession
+
+    import spark_state
+
+    builder = spark_state.configure(SparkSession.Builder().master("local[1]"))
+    builder.config(PREFIX + "snapshotInterval", "0")
+    with pytest.raises(OptionError, match=r"snapshotInterval=0 is out of range.*\(set in the builder\)"):
+        builder.getOrCreate()
+
+
+def test_check_options_reads_the_conf_it_is_given():
+    from spark_state import check_options
+
+    check_options({PREFIX + "snapshotInterval": "5", "spark.sql.shuffle.partitions": "x"})
+    with pytest.raises(OptionError, match="fileGracePeriod='soon' is not a duration"):
+        check_options({PREFIX + "fileGracePeriod": "soon"})

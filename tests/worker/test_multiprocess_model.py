@@ -461,6 +461,9 @@ class StoreModel(RuleBasedStateMachine):
     def crash_in_compaction(self, e):
         """The worker dies between writing a compacted snapshot and recording it (if it compacts at all)."""
         e = self.holder(e)
+        # compactions earlier commits queued finish first: whether the armed crash fires must not depend on timing
+        resp, _ = self.call(self.ex[e], {"op": "drain", "timeoutMs": 60_000})
+        assert resp == {"ok": True, "pending": 0}, resp
         self.arm(self.ex[e], "compaction-after-snapshot", "exit")
         sent = self.send_maintenance(e, may_die=True)
         alive = sent is not None and self.barrier(sent)

@@ -62,6 +62,10 @@ def test_missing_version_and_bad_option_are_clear_errors(worker, tmp_path):
     resp, _ = conn.request({"op": "validate", "options": {"storage": "tape"}})
     assert not resp["ok"] and resp["kind"] == "OptionError"
     assert "filesystem" in resp["error"] and "memory" in resp["error"]
+    # memoryLimit: null when unset (the shim computes the default from Spark's memory model), else bytes
+    assert conn.request({"op": "validate", "options": {}})[0] == {"ok": True, "memoryLimit": None}
+    assert conn.request({"op": "validate", "options": {"memoryLimit": "145m"}})[0] == {"ok": True,
+                                                                                      "memoryLimit": 145 << 20}
     resp, _ = conn.request({"op": "frobnicate"})
     assert not resp["ok"] and resp["kind"] == "ProtocolError"
 

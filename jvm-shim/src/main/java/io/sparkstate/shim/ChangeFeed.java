@@ -1,15 +1,14 @@
 package io.sparkstate.shim;
 
-import io.sparkstate.shim.codec.ArrowCodec;
-import io.sparkstate.shim.engine.StateMap;
-import io.sparkstate.shim.worker.StoreClient;
-
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.Iterator;
 import java.util.List;
 import java.util.function.LongFunction;
 
+import io.sparkstate.shim.codec.ArrowCodec;
+import io.sparkstate.shim.engine.StateMap;
+import io.sparkstate.shim.worker.StoreClient;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.execution.streaming.state.RecordType$;
 import org.apache.spark.sql.types.StructType;

@@ -1,13 +1,12 @@
 package io.sparkstate.shim;
 
-import io.sparkstate.shim.engine.LocalStats;
-import io.sparkstate.shim.engine.StateMap;
-
 import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 
+import io.sparkstate.shim.engine.LocalStats;
+import io.sparkstate.shim.engine.StateMap;
 import org.apache.spark.sql.execution.streaming.state.StateStoreCustomMetric;
 import org.apache.spark.sql.execution.streaming.state.StateStoreCustomSumMetric;
 import org.apache.spark.sql.execution.streaming.state.StateStoreCustomTimingMetric;

@@ -1,12 +1,11 @@
 package io.sparkstate.shim;
 
-import io.sparkstate.shim.codec.TypedCodec;
-import io.sparkstate.shim.worker.Options;
-import io.sparkstate.shim.worker.WorkerClient;
-
 import java.util.HashMap;
 import java.util.Map;
 
+import io.sparkstate.shim.codec.TypedCodec;
+import io.sparkstate.shim.worker.Options;
+import io.sparkstate.shim.worker.WorkerClient;
 import org.apache.spark.SparkConf;
 import org.apache.spark.api.plugin.DriverPlugin;
 import org.apache.spark.api.plugin.ExecutorPlugin;

@@ -1,21 +1,5 @@
 package io.sparkstate.shim;
 
-import io.sparkstate.shim.engine.Restore;
-import io.sparkstate.shim.engine.StoreSpec;
-
-import io.sparkstate.shim.codec.ArrowCodec;
-import io.sparkstate.shim.codec.ChangeLog;
-import io.sparkstate.shim.codec.KeyHasher;
-import io.sparkstate.shim.codec.RowFormat;
-import io.sparkstate.shim.engine.Engine;
-import io.sparkstate.shim.engine.KeyOrder;
-import io.sparkstate.shim.engine.RowImageException;
-import io.sparkstate.shim.engine.StateMap;
-import io.sparkstate.shim.worker.ChangeStream;
-import io.sparkstate.shim.worker.Options;
-import io.sparkstate.shim.worker.StoreClient;
-import io.sparkstate.shim.worker.WorkerClient;
-
 import java.io.IOException;
 import java.io.InputStream;
 import java.io.UncheckedIOException;
@@ -24,9 +8,23 @@ import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.locks.ReentrantReadWriteLock;
 
+import io.sparkstate.shim.codec.ArrowCodec;
+import io.sparkstate.shim.codec.ChangeLog;
+import io.sparkstate.shim.codec.KeyHasher;
+import io.sparkstate.shim.codec.RowFormat;
+import io.sparkstate.shim.engine.Engine;
+import io.sparkstate.shim.engine.KeyOrder;
+import io.sparkstate.shim.engine.Restore;
+import io.sparkstate.shim.engine.RowImageException;
+import io.sparkstate.shim.engine.StateMap;
+import io.sparkstate.shim.engine.StoreSpec;
+import io.sparkstate.shim.worker.ChangeStream;
+import io.sparkstate.shim.worker.Options;
+import io.sparkstate.shim.worker.StoreClient;
+import io.sparkstate.shim.worker.WorkerClient;
 import org.apache.hadoop.conf.Configuration;
 import org.apache.spark.TaskContext;
-import org.apache.spark.util.TaskCompletionListener;
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.execution.streaming.state.KeyStateEncoderSpec;
 import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpec;
 import org.apache.spark.sql.execution.streaming.state.PrefixKeyScanStateEncoderSpec;
@@ -38,9 +36,9 @@ import org.apache.spark.sql.execution.streaming.state.StateStoreCustomMetric;
 import org.apache.spark.sql.execution.streaming.state.StateStoreId;
 import org.apache.spark.sql.execution.streaming.state.StateStoreProvider;
 import org.apache.spark.sql.execution.streaming.state.SupportsFineGrainedReplay;
-import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.util.NextIterator;
+import org.apache.spark.util.TaskCompletionListener;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 import scala.Enumeration;

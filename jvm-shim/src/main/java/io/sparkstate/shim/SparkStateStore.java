@@ -5,7 +5,6 @@ import io.sparkstate.shim.engine.LocalStats;
 import io.sparkstate.shim.engine.StateMap;
 import io.sparkstate.shim.worker.ChangeStream;
 import io.sparkstate.shim.worker.StoreClient;
-
 import org.apache.spark.TaskContext;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.execution.streaming.state.KeyStateEncoderSpec;

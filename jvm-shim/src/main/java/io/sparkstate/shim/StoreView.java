@@ -1,11 +1,10 @@
 package io.sparkstate.shim;
 
-import io.sparkstate.shim.engine.StateMap;
-
 import java.util.Arrays;
 import java.util.Collections;
 import java.util.Iterator;
 
+import io.sparkstate.shim.engine.StateMap;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.execution.streaming.state.ReadStateStore;
 import org.apache.spark.sql.execution.streaming.state.StateStore;

@@ -6,7 +6,6 @@ import java.util.Collections;
 
 import io.sparkstate.shim.memory.MemoryBudget;
 import io.sparkstate.shim.memory.Reservation;
-
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 
 /**

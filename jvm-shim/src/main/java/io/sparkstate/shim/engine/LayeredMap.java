@@ -37,8 +37,12 @@ import org.slf4j.LoggerFactory;
  * disk when the store closes or the executor dies; they are a cache of state the checkpoint holds: a
  * damaged one fails the task and the store reloads from the checkpoint.
  *
- * <p>The key count is exact without walking the state: a put or remove of a key the heap does not hold
- * looks it up below (the filters answer for new keys). Iteration follows {@link StateMap}'s contract: the
+ * <p>The key count is exact without walking the state. A remove of a key the heap does not hold looks it
+ * up below; a put asks the filters (enough for a new key) and this batch's runs (a key there was changed
+ * twice), and otherwise flags the key as "not known whether it was there" instead of reading a block
+ * (Spark's get of that key read it a moment ago, and the block is rarely still cached): the flagged keys
+ * are settled together, in sort order, each block read once, when the count is asked (at commit) or the
+ * heap spills. Iteration follows {@link StateMap}'s contract: the
  * heap rows first, then the runs merged, skipping keys the heap holds or deleted; a key that moves into
  * the heap while an iterator runs is noted by that iterator, which returns it from the heap when its walk
  * of the runs reaches it. Spills wait until no iterator is open; merges do not (an iterator holds the
@@ -76,6 +80,8 @@ final class LayeredMap implements StateMap {
   /** Keys in the map; exact unless {@link #sizeUnknown} (changes restored blind over an image). */
   private long size;
   private boolean sizeUnknown;
+  /** Heap records (rows or tombstones) flagged: whether their key was there before this batch is to settle. */
+  private int unsettled;
   private boolean closed;
   private int sinceCheck;
   /** The heap rows' bytes when a spill last failed (0: it did not): the next try waits for twice as many. */
@@ -160,7 +166,11 @@ final class LayeredMap implements StateMap {
 
   @Override
   public synchronized long knownSize() {
-    return sizeUnknown ? -1 : size;
+    if (sizeUnknown) {
+      return -1;
+    }
+    settle();
+    return size;
   }
 
   @Override
@@ -168,7 +178,9 @@ final class LayeredMap implements StateMap {
     if (sizeUnknown) {
       size = countKeys();
       sizeUnknown = false;
+      settled(false);
     }
+    settle();
     return size;
   }
 
@@ -246,17 +258,26 @@ final class LayeredMap implements StateMap {
       if (tombstones.size() > 0 && tombstones.remove(key) != null) {
         size++;
         status = tombstones.previousEpoch() == epoch() ? CHANGED : ABSENT;
+        if (tombstones.previousFlag()) {
+          overlay.flag(key);   // still to settle: the flag moves with the key
+        }
       } else if (runs.isEmpty()) {
         size++;
         status = ABSENT;
       } else {
-        UnsafeRow old = below(key, order.hash(key));
-        boolean thisBatch = found != null && found.batch == batch;
-        if (old == null || old == RowImage.DELETED) {
+        int hash = order.hash(key);
+        UnsafeRow old = belowThisBatch(key, hash);
+        if (old != null) {   // a run of this batch's rows holds it: changed twice
+          status = CHANGED;
+          size += old == RowImage.DELETED ? 1 : 0;
+        } else if (!mightHold(hash)) {   // no run holds it (the filters): a new key
           size++;
-          status = old != null && thisBatch ? CHANGED : ABSENT;
-        } else {
-          status = thisBatch ? CHANGED : HELD;
+          status = ABSENT;
+        } else {   // counted as new until settled
+          size++;
+          overlay.flag(key);
+          unsettled++;
+          status = UNCHANGED;
         }
       }
     }
@@ -274,8 +295,9 @@ final class LayeredMap implements StateMap {
         prefixes.remove(key);
       }
       // a tombstone even when no run holds the key: a put later in the batch must know the key was changed
-      // (spills drop the tombstones no run needs, and a batch's end those of a store without runs)
-      tombstones.put(key, NO_VALUE);
+      // (spills drop the tombstones no run needs, and a batch's end those of a store without runs); a key
+      // still to settle stays so
+      tombstones.put(key, NO_VALUE, overlay.previousFlag());
     } else {
       if (runs.isEmpty() || (tombstones.size() > 0 && tombstones.get(key) != null)) {
         return ABSENT;
@@ -433,6 +455,68 @@ final class LayeredMap implements StateMap {
     return null;
   }
 
+  /** The key's record in this batch's runs (those of its own rows), as {@link #below}; null if none holds it. */
+  private UnsafeRow belowThisBatch(UnsafeRow key, int hash) {
+    int keyGroup = order.keyGroup(hash);
+    try {
+      for (Run r : runs) {
+        if (r.batch != batch) {
+          break;   // this batch's runs are the newest
+        }
+        UnsafeRow v = r.image.get(keyGroup, hash, key);
+        if (v != null) {
+          return v;
+        }
+      }
+    } catch (RowImageException e) {
+      throw damaged(e);
+    }
+    return null;
+  }
+
+  /**
+   * Settles the flagged keys: each was counted as new when put; those a run holds (and were there before
+   * the batch) are counted out. They are looked up in sort order, so each block is read once.
+   */
+  private void settle() {
+    if (unsettled == 0) {
+      return;
+    }
+    List<Object[]> flagged = new ArrayList<>(unsettled);
+    for (RowArena layer : new RowArena[] {overlay, tombstones}) {
+      for (int i = 0, n = layer.slotCount(); i < n; i++) {
+        UnsafeRow key = layer.keyAtSlot(i);
+        if (key != null && layer.flagAtSlot(i)) {
+          int h = order.hash(key);
+          flagged.add(new Object[] {RowImage.sortKey(order.keyGroup(h), h), h, key});
+        }
+      }
+    }
+    flagged.sort((a, b) -> Long.compare((Long) a[0], (Long) b[0]));
+    for (Object[] f : flagged) {
+      UnsafeRow v = below((UnsafeRow) f[2], (Integer) f[1]);
+      if (v != null && v != RowImage.DELETED) {
+        size--;
+      }
+    }
+    settled(true);
+  }
+
+  /** Clears every flag (after {@link #settle}, or a walk that counted the keys anyway). */
+  private void settled(boolean any) {
+    if (unsettled == 0 && !any) {
+      return;
+    }
+    for (RowArena layer : new RowArena[] {overlay, tombstones}) {
+      for (int i = 0, n = layer.slotCount(); i < n; i++) {
+        if (layer.keyAtSlot(i) != null && layer.flagAtSlot(i)) {
+          layer.clearFlagAtSlot(i);
+        }
+      }
+    }
+    unsettled = 0;
+  }
+
   /** Whether some run may hold the key (a tombstone is needed to hide it). */
   private boolean mayBeBelow(UnsafeRow key) {
     if (runs.isEmpty()) {
@@ -493,6 +577,9 @@ final class LayeredMap implements StateMap {
    */
   synchronized void spill() throws IOException {
     checkOpen();
+    if (!sizeUnknown) {
+      settle();   // the flagged keys leave the heap
+    }
     long t0 = System.nanoTime();
     int no = (int) overlay.size();
     int nt = (int) tombstones.size();
@@ -569,6 +656,7 @@ final class LayeredMap implements StateMap {
     }
     overlay.setEpoch(e);
     tombstones.setEpoch(e);
+    unsettled = 0;   // settled above (or the size is unknown and will be counted whole)
     heap.set(heapBytes());
     spills++;
     spilledBytes += written;

@@ -33,11 +33,14 @@ final class RowArena {
   private static final int MIN_PAGE_BYTES = Math.min(4096, MAX_PAGE_BYTES);
   private static final int HEADER = 8;
   /**
-   * A record's first header word is its key length in the low 24 bits and the {@linkplain #setEpoch epoch}
-   * it was written in in the high 8: keys are far below 16 MiB.
+   * A record's first header word is its key length in the low 23 bits, the owner's flag in bit 23 (see
+   * {@link #put(UnsafeRow, UnsafeRow, boolean)}), and the {@linkplain #setEpoch epoch} it was written in in
+   * the high 8: keys are far below 8 MiB.
    */
-  private static final int KEY_LENGTH_BITS = 24;
+  private static final int KEY_LENGTH_BITS = 23;
   static final int MAX_KEY_BYTES = (1 << KEY_LENGTH_BITS) - 1;
+  private static final int FLAG = 1 << KEY_LENGTH_BITS;
+  private static final int EPOCH_SHIFT = 24;
   /** A slot's low 32 bits: 0 empty, 1 removed, else a record address + 2 (page << 17 | word offset). */
   private static final int EMPTY = 0;
   private static final int REMOVED = 1;
@@ -72,6 +75,8 @@ final class RowArena {
   private int epoch;
   /** The epoch of the record the last put or remove replaced or removed (when it returned a value). */
   private int previousEpoch;
+  /** Whether that record carried the flag. */
+  private boolean previousFlag;
 
   RowArena(int keyFields, int valueFields, long expectedRows) {
     this.keyFields = keyFields;
@@ -104,8 +109,16 @@ final class RowArena {
     return i < 0 ? null : valueAt(table.pages, ref(table.slots[i]));
   }
 
-  /** Copies the key and value bytes in; returns the previous value or null. */
+  /** Copies the key and value bytes in; returns the previous value or null. A replaced record's flag carries over. */
   public synchronized UnsafeRow put(UnsafeRow key, UnsafeRow value) {
+    return put(key, value, false);
+  }
+
+  /**
+   * As {@link #put(UnsafeRow, UnsafeRow)}, the new record flagged if {@code flag} or if the record it replaces
+   * was (a bit of the owner's about the key, kept until {@link #clearFlagAtSlot}).
+   */
+  synchronized UnsafeRow put(UnsafeRow key, UnsafeRow value, boolean flag) {
     int h = key.hashCode();
     long[] slots = table.slots;
     int mask = slots.length - 1;
@@ -117,7 +130,7 @@ final class RowArena {
         if (firstRemoved >= 0) {
           removed--;
         }
-        slots[at] = slot(h, append(key, value));
+        slots[at] = slot(h, append(key, value, flag));
         live++;
         if ((long) (live + removed) * 4 > (long) slots.length * 3) {
           rebuild(capacityFor(live), false);
@@ -130,10 +143,12 @@ final class RowArena {
         }
       } else if ((int) (slots[i] >>> 32) == h && keyEquals(table.pages, r, key)) {
         UnsafeRow old = valueAt(table.pages, r);
-        previousEpoch = Platform.getInt(pageOf(table.pages, r), offsetOf(r)) >>> KEY_LENGTH_BITS;
+        int header = Platform.getInt(pageOf(table.pages, r), offsetOf(r));
+        previousEpoch = header >>> EPOCH_SHIFT;
+        previousFlag = (header & FLAG) != 0;
         garbageBytes += recordBytes(table.pages, r);
         liveBytes -= recordBytes(table.pages, r);
-        slots[i] = slot(h, append(key, value));
+        slots[i] = slot(h, append(key, value, flag || previousFlag));
         maybeCompact();
         return old;
       }
@@ -147,7 +162,9 @@ final class RowArena {
     }
     int r = ref(table.slots[i]);
     UnsafeRow old = valueAt(table.pages, r);
-    previousEpoch = Platform.getInt(pageOf(table.pages, r), offsetOf(r)) >>> KEY_LENGTH_BITS;
+    int header = Platform.getInt(pageOf(table.pages, r), offsetOf(r));
+    previousEpoch = header >>> EPOCH_SHIFT;
+    previousFlag = (header & FLAG) != 0;
     long n = recordBytes(table.pages, r);
     liveBytes -= n;
     garbageBytes += n;
@@ -253,10 +270,42 @@ final class RowArena {
     return previousEpoch;
   }
 
+  /** Whether the last put or remove that returned a value replaced or removed a flagged record. */
+  synchronized boolean previousFlag() {
+    return previousFlag;
+  }
+
   /** The epoch (8 bits) of the record in slot {@code i} (a slot that holds one). */
   synchronized int epochAtSlot(int i) {
     int r = ref(table.slots[i]);
-    return Platform.getInt(pageOf(table.pages, r), offsetOf(r)) >>> KEY_LENGTH_BITS;
+    return Platform.getInt(pageOf(table.pages, r), offsetOf(r)) >>> EPOCH_SHIFT;
+  }
+
+  /** Whether the record in slot {@code i} (a slot that holds one) carries the flag. */
+  synchronized boolean flagAtSlot(int i) {
+    int r = ref(table.slots[i]);
+    return (Platform.getInt(pageOf(table.pages, r), offsetOf(r)) & FLAG) != 0;
+  }
+
+  /** Flags the record of {@code key}; false when the arena does not hold the key. */
+  synchronized boolean flag(UnsafeRow key) {
+    int i = find(key, key.hashCode());
+    if (i < 0) {
+      return false;
+    }
+    int r = ref(table.slots[i]);
+    byte[] page = pageOf(table.pages, r);
+    long off = offsetOf(r);
+    Platform.putInt(page, off, Platform.getInt(page, off) | FLAG);
+    return true;
+  }
+
+  /** Clears the flag of the record in slot {@code i} (its key and value bytes do not change). */
+  synchronized void clearFlagAtSlot(int i) {
+    int r = ref(table.slots[i]);
+    byte[] page = pageOf(table.pages, r);
+    long off = offsetOf(r);
+    Platform.putInt(page, off, Platform.getInt(page, off) & ~FLAG);
   }
 
   private static int keyLength(byte[] page, long off) {
@@ -388,7 +437,7 @@ final class RowArena {
   }
 
   /** Appends a record; returns its address. */
-  private int append(UnsafeRow key, UnsafeRow value) {
+  private int append(UnsafeRow key, UnsafeRow value, boolean flag) {
     int k = key.getSizeInBytes();
     int v = value.getSizeInBytes();
     if (k > MAX_KEY_BYTES) {
@@ -399,7 +448,7 @@ final class RowArena {
     int to = reserve(n, 0);
     byte[] page = table.pages[pageCount - 1];
     long off = Platform.BYTE_ARRAY_OFFSET + to;
-    Platform.putInt(page, off, k | epoch << KEY_LENGTH_BITS);
+    Platform.putInt(page, off, k | (flag ? FLAG : 0) | epoch << EPOCH_SHIFT);
     Platform.putInt(page, off + 4, v);
     Platform.copyMemory(key.getBaseObject(), key.getBaseOffset(), page, off + HEADER, k);
     Platform.copyMemory(value.getBaseObject(), value.getBaseOffset(), page, off + HEADER + k, v);

@@ -197,6 +197,14 @@ final class RowImage implements Closeable {
       long[] bits = new long[filterWords];
       ByteBuffer.wrap(words).order(ByteOrder.LITTLE_ENDIAN).asLongBuffer().get(bits);
       this.filter = new KeyFilter(bits, filterHashes);
+      // the CRC covers the words, not k: a filter must at least let through each block's first and last
+      // record, whose hashes the (checked) index holds
+      for (int b = 0; b < blockCount; b++) {
+        if (!filter.mightContain((int) firstKey[b]) || !filter.mightContain((int) lastKey[b])) {
+          throw RowImageException.corrupt(path, "the key filter rules out a key of block " + b + " (its header "
+              + "is damaged)");
+        }
+      }
     } else {
       this.filter = null;
     }

@@ -1,10 +1,10 @@
 package io.sparkstate.shim.engine;
 
 import java.io.IOException;
+import java.nio.file.DirectoryStream;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.Paths;
-import java.nio.file.DirectoryStream;
 import java.util.Comparator;
 import java.util.stream.Stream;
 

@@ -26,6 +26,11 @@ public interface StateMap {
   int HELD = 1;
   /** A write's answer: the key was changed already in this batch (put or removed). */
   int CHANGED = 2;
+  /**
+   * A put's answer: the key was not changed in this batch; whether it was there before is settled later
+   * (the store counts it when its size is asked), so the put read no block.
+   */
+  int UNCHANGED = 3;
 
   /** Number of keys. */
   long size();
@@ -63,7 +68,10 @@ public interface StateMap {
     return out;
   }
 
-  /** Sets the key's value (copying both rows); answers {@link #ABSENT}, {@link #HELD} or {@link #CHANGED}. */
+  /**
+   * Sets the key's value (copying both rows); answers {@link #ABSENT}, {@link #HELD}, {@link #CHANGED} or
+   * {@link #UNCHANGED}.
+   */
   int put(UnsafeRow key, UnsafeRow value);
 
   /** Removes a key; answers {@link #ABSENT} (nothing removed), {@link #HELD} or {@link #CHANGED}. */

@@ -1,8 +1,5 @@
 package io.sparkstate.shim.worker;
 
-import io.sparkstate.shim.codec.ArrowCodec;
-import io.sparkstate.shim.codec.ChunkSink;
-
 import java.io.BufferedInputStream;
 import java.io.IOException;
 import java.io.InputStream;
@@ -21,6 +18,8 @@ import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Semaphore;
 
+import io.sparkstate.shim.codec.ArrowCodec;
+import io.sparkstate.shim.codec.ChunkSink;
 import io.sparkstate.shim.memory.MemoryBudget;
 import io.sparkstate.shim.memory.Reservation;
 import org.slf4j.Logger;

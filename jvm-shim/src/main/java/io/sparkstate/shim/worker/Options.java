@@ -1,10 +1,10 @@
 package io.sparkstate.shim.worker;
 
-import io.sparkstate.shim.codec.KeyHasher;
-
 import java.util.Collections;
 import java.util.Map;
 import java.util.TreeMap;
+
+import io.sparkstate.shim.codec.KeyHasher;
 
 /**
  * The plugin's options as the shim reads them: every conf under {@link #PREFIX}, prefix stripped,

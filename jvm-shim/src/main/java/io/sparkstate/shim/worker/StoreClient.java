@@ -1,11 +1,5 @@
 package io.sparkstate.shim.worker;
 
-import io.sparkstate.shim.codec.ArrowCodec;
-
-import com.fasterxml.jackson.databind.JsonNode;
-import com.fasterxml.jackson.databind.node.JsonNodeFactory;
-import com.fasterxml.jackson.databind.node.ObjectNode;
-
 import java.io.IOException;
 import java.io.InputStream;
 import java.nio.file.Path;
@@ -15,6 +9,10 @@ import java.util.Optional;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.LongAdder;
 
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.JsonNodeFactory;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import io.sparkstate.shim.codec.ArrowCodec;
 import org.apache.spark.sql.execution.streaming.state.StateStoreId;
 
 /**

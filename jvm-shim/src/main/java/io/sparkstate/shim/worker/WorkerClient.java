@@ -1,13 +1,11 @@
 package io.sparkstate.shim.worker;
 
-import io.sparkstate.shim.codec.ArrowCodec;
-
-import com.fasterxml.jackson.databind.node.ObjectNode;
-
 import java.io.IOException;
 import java.util.ArrayDeque;
 import java.util.concurrent.atomic.LongAdder;
 
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import io.sparkstate.shim.codec.ArrowCodec;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 

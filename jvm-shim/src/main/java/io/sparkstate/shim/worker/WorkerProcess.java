@@ -23,12 +23,33 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * One {@code python -m spark_state.worker} process (docs/protocol.md, "Start-up"): a private 0700
+ * One worker process ({@code spark_state.worker}'s main; docs/protocol.md, "Start-up"): a private 0700
  * directory holding its socket and log, a random secret on its stdin (never argv), its
  * {@code READY <pid>} line awaited. It exits when its stdin closes, so it never outlives this JVM.
  */
 final class WorkerProcess {
   private static final Logger LOG = LoggerFactory.getLogger(WorkerProcess.class);
+  /** The bootstrap's exit code when Python cannot import the worker; its last line on stderr says why. */
+  static final int IMPORT_FAILED = 3;
+  /**
+   * What the worker's Python runs ({@code -c}): the worker's main without the working directory on
+   * {@code sys.path} (what {@code -P} does from Python 3.11 on), so nothing where the executor was started
+   * (a {@code spark_state/} directory, a {@code pyarrow.py}) shadows an installed package; when the
+   * worker cannot be imported, one line that says why and where {@code spark_state} came from.
+   */
+  static final String BOOTSTRAP = String.join("\n",
+      "import sys",
+      "if sys.path[:1] == ['']: del sys.path[0]",
+      "try:",
+      "    from spark_state.worker.__main__ import main",
+      "except Exception as e:",
+      "    import importlib.util",
+      "    s = importlib.util.find_spec('spark_state')",
+      "    at = s and (s.origin if s.has_location else list(s.submodule_search_locations or ())) or 'nowhere'",
+      "    print(f'cannot import spark_state.worker ({type(e).__name__}: {e}); spark_state found at {at}', "
+          + "file=sys.stderr)",
+      "    sys.exit(" + IMPORT_FAILED + ")",
+      "sys.exit(main(sys.argv[1:]))");
   private static final long READY_TIMEOUT_SEC = 60;
   private static final int LOG_TAIL_LINES = 30;
 
@@ -62,7 +83,7 @@ final class WorkerProcess {
     Path log = dir.resolve("worker.log");
     String secret = newSecret();
 
-    ProcessBuilder pb = new ProcessBuilder(python, "-m", "spark_state.worker", "--socket-dir", dir.toString());
+    ProcessBuilder pb = new ProcessBuilder(python, "-c", BOOTSTRAP, "--socket-dir", dir.toString());
     pb.redirectError(ProcessBuilder.Redirect.appendTo(log.toFile()));
     pb.environment().put("PYTHONUNBUFFERED", "1");
     Process p;
@@ -90,15 +111,17 @@ final class WorkerProcess {
     }
     if (line == null) {
       String how;
+      int exit = -1;
       try {
-        how = p.waitFor(5, TimeUnit.SECONDS) ? "it exited with code " + p.exitValue() + " before it was ready"
+        exit = p.waitFor(5, TimeUnit.SECONDS) ? p.exitValue() : -1;
+        how = exit >= 0 ? "it exited with code " + exit + " before it was ready"
             : "it closed its stdout before it was ready";
       } catch (InterruptedException e) {
         Thread.currentThread().interrupt();
         how = "it closed its stdout before it was ready";
       }
       destroy(p, stdin);
-      throw startFailure(python, source, log, how);
+      throw exit == IMPORT_FAILED ? importFailure(python, source, log) : startFailure(python, source, log, how);
     }
     long pid;
     try {
@@ -216,6 +239,15 @@ final class WorkerProcess {
             + "\nFix: set " + Options.PREFIX + Options.PYTHON + " to a Python interpreter that has spark_state "
             + "installed (e.g. the one printed by `python -c \"import sys; print(sys.executable)\"` in the "
             + "environment where `import spark_state` works).");
+  }
+
+  /** The worker's Python cannot import spark_state's worker: one line, the bootstrap's, and the fix. */
+  private static IllegalStateException importFailure(String python, String source, Path log) {
+    String[] lines = tail(log).split("\n");
+    deleteTree(log.getParent());
+    return new IllegalStateException("spark_state: the state worker's Python '" + python + "' (from " + source
+        + ") " + lines[lines.length - 1].trim() + ". Fix: install spark_state into that Python, or set "
+        + Options.PREFIX + Options.PYTHON + " to one where `import spark_state.worker` works.");
   }
 
   /** Python that runs the worker and where it came from: option, spark.pyspark.python, PYSPARK_PYTHON, python3. */

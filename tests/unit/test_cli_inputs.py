@@ -1,0 +1,141 @@
+"""The ``spark-state`` CLI on wrong and damaged input, without Spark: a copy of a checkpoint Spark wrote
+(tests/fixtures/format1, 4 batches, 2 partitions) broken as users break them, and locations that are not
+one. Every file-system, permission and credential error exits 2 with one line that says what to do, never a
+traceback; ``ls`` shows what it can and marks the rest; ``validate`` names the batches a problem affects and
+the batch ``restore`` can go back to."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+from tests.support.lifecycle import cli, cli_json
+from tests.support.paths import FIXTURES
+
+SPARK_WROTE = FIXTURES / "format1" / "pandas" / "ckpt-test"
+#: Root ignores permission bits unless it gives up these capabilities (setpriv, for the child it starts).
+AS_NON_ROOT = ["--bounding-set=-dac_override,-dac_read_search"]
+
+
+@pytest.fixture
+def ckpt(tmp_path) -> Path:
+    return Path(shutil.copytree(SPARK_WROTE, tmp_path / "ckpt"))
+
+
+def _one_line_error(done, code: int = 2) -> str:
+    assert done.returncode == code, f"exit {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", [["ls"], ["validate"], ["inspect", "-o", "0", "-p", "0"], ["export", "{out}"],
+                                     ["savepoint", "--target", "{out}"], ["restore", "{out}"], ["rescale", "4"],
+                                     ["changes"]])
+@pytest.mark.parametrize("location, says", [("{tmp}/nothing", "does not exist"),
+                                            ("{tmp}/a-file", "is a file, not a checkpoint directory")])
+def test_a_location_that_is_no_directory_says_which_it_is(tmp_path, command, location, says):
+    (tmp_path / "a-file").write_text("hello\n")
+    where = location.format(tmp=tmp_path)
+    args = [a.format(out=tmp_path / "out") for a in command]
+    line = _one_line_error(cli(args[0], where, *args[1:], check=False))
+    assert says in line and where in line
+    assert not (tmp_path / "out").exists(), "a refused command wrote something"
+
+
+@pytest.mark.parametrize("command", [["export", "{ckpt}", "{target}"], ["restore", "{ckpt}", "{target}"],
+                                     ["savepoint", "{ckpt}", "--target", "{target}"]])
+def test_a_file_where_a_target_directory_should_be_is_refused(ckpt, tmp_path, command):
+    target = tmp_path / "a-file"
+    target.write_text("keep me\n")
+    line = _one_line_error(cli(*[a.format(ckpt=ckpt, target=target) for a in command], check=False))
+    assert str(target) in line and "is a file" in line
+    assert target.read_text() == "keep me\n"
+
+
+def test_s3_without_credentials_says_how_to_give_them(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"),
+               AWS_EC2_METADATA_DISABLED="true", AWS_DEFAULT_REGION="us-east-1")
+    for command in (["ls"], ["validate"], ["restore", str(tmp_path / "out")]):
+        line = _one_line_error(cli(command[0], "s3://some-bucket/ckpt", *command[1:], check=False, env=env))
+        assert "no credentials" in line and "AWS_ACCESS_KEY_ID" in line and "s3://some-bucket/ckpt" in line
+    code, out = cli_json("ls", "s3://some-bucket/ckpt", check=False, env=env)
+    assert code == 2 and not out["ok"] and out["kind"] == "NoCredentialsError"
+
+
+def test_a_directory_it_may_not_read_is_named_and_ls_lists_the_rest(ckpt):
+    locked = ckpt / "state" / "0" / "0"
+    locked.chmod(0)
+    try:
+        done = cli("ls", ckpt, check=False, capabilities=AS_NON_ROOT)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        assert f"unreadable: file://{locked}: permission denied" in done.stdout
+        assert "restorable none" in done.stdout
+        done = cli("validate", ckpt, check=False, capabilities=AS_NON_ROOT)
+        assert done.returncode == 1 and f"BAD file://{locked}: permission denied" in done.stderr
+        ckpt.chmod(0)
+        line = _one_line_error(cli("ls", ckpt, check=False, capabilities=AS_NON_ROOT))
+        assert "permission denied" in line and str(ckpt) in line
+    finally:
+        ckpt.chmod(stat.S_IRWXU)
+        locked.chmod(stat.S_IRWXU)
+
+
+def test_a_garbage_manifest_marks_its_batch_and_validate_names_the_way_back(ckpt, tmp_path):
+    (ckpt / "state" / "0" / "0" / "chk-4" / "_metadata").write_bytes(b"\x00garbage")
+    code, out = cli_json("ls", ckpt)
+    assert code == 0
+    assert out["batches"]["restorable"] == [0, 1, 2]
+    assert [d["batch"] for d in out["batches"]["damaged"]] == [3]
+    assert "chk-4/_metadata" in out["batches"]["damaged"][0]["reason"]
+    assert out["operators"][0]["partitions"][0]["damaged"] == [4]
+    assert "damaged: 3" in cli("ls", ckpt).stdout
+    done = cli("validate", ckpt, check=False)
+    assert done.returncode == 1
+    assert "they affect batch 3 " in done.stdout
+    assert f"spark-state restore file://{ckpt} NEW_LOCATION --batch 2" in done.stdout
+    code, report = cli_json("validate", ckpt, check=False)
+    assert (code, report["affected_batches"], report["way_back"]) == (1, [3], 2)
+    cli("restore", ckpt, tmp_path / "back", "--batch", "2")
+    assert cli_json("validate", tmp_path / "back")[1]["ok"]
+
+
+def test_a_missing_data_file_makes_every_batch_that_needs_it_unrestorable(ckpt, tmp_path):
+    (delta,) = (ckpt / "state" / "0" / "1" / "shared").glob("v0000000003-delta-*.arrow")
+    delta.unlink()
+    code, out = cli_json("ls", ckpt)
+    assert out["batches"]["restorable"] == [0, 1], "ls lists a batch whose state cannot load as restorable"
+    assert [d["batch"] for d in out["batches"]["damaged"]] == [2, 3]
+    assert f"{delta.name} is missing" in out["batches"]["damaged"][0]["reason"]
+    code, report = cli_json("validate", ckpt, check=False)
+    assert (code, report["affected_batches"], report["way_back"]) == (1, [2, 3], 1)
+    line = _one_line_error(cli("restore", ckpt, tmp_path / "r2", "--batch", "2", check=False))
+    assert "is missing" in line
+    cli("restore", ckpt, tmp_path / "r1", "--batch", "1")
+
+
+def test_a_truncated_data_file_is_caught_by_its_size(ckpt):
+    (delta,) = (ckpt / "state" / "0" / "0" / "shared").glob("v0000000004-delta-*.arrow")
+    delta.write_bytes(delta.read_bytes()[:-7])
+    out = cli_json("ls", ckpt)[1]
+    assert out["batches"]["restorable"] == [0, 1, 2]
+    assert "bytes, its manifest says" in out["batches"]["damaged"][0]["reason"]
+
+
+def test_ls_shows_what_it_can_when_spark_logs_are_garbage(ckpt):
+    (ckpt / "metadata").write_text("{not json")
+    (ckpt / "offsets" / "1").write_text("v1\ngarbage")
+    code, out = cli_json("ls", ckpt)
+    assert code == 0 and out["query_id"] is None
+    assert {p["file"].rsplit("/", 2)[-1] for p in out["problems"]} == {"metadata", "1"}
+    assert out["batches"]["restorable"] == [0, 2, 3] and out["num_partitions"] == 2
+    text = cli("ls", ckpt).stdout
+    assert "query (unreadable)" in text and f"unreadable: file://{ckpt}/offsets/1" in text
+    assert json.loads(cli("validate", ckpt, "--json", check=False).stdout)["affected_batches"] == [1]
