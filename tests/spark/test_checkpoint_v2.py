@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
+from spark_state.errors import CheckpointError
 from spark_state.spark.files import parse_commit
 from spark_state.storage.layout import lineage_name
 from tests.support.running_total import PHASES, SCHEMA, flaky_running_total, query_with_hook as _query
@@ -102,6 +103,14 @@ def test_a_rerun_batch_leaves_two_lineages_and_the_committed_one_is_restored(spa
     for chk, ckpt_id, others in rerun:
         shutil.copyfile(chk / sorted(others)[0], chk / "_metadata")
         assert manifest(chk.parent, int(chk.name[4:]))["commit_id"] != ckpt_id
+    # the tools read the lineage the commit log names, and refuse to rewrite a format v2 checkpoint's logs
+    import spark_state
+
+    state = spark_state.read_state(str(ckpt), options={"storage": "filesystem"})
+    keys = [key["k"] for key in state.column("key").to_pylist()]
+    assert keys and set(keys) <= {row[0] for row in twin.ref.rows()} and len(keys) == len(set(keys))
+    with pytest.raises(CheckpointError, match="checkpoint format v2"):
+        spark_state.rescale(str(ckpt), 3, options={"storage": "filesystem"})
     events.add_all([[{"k": "a", "v": 100, "ts": "2026-01-01T00:10:00.000000Z"},
                      {"k": "b", "v": 1000, "ts": "2026-01-01T00:10:00.000000Z"}]])
     twin.run()
