@@ -99,8 +99,11 @@ bench-large: install
 # fault-injecting proxy, then the end checks; report in benchmarks/results/soak/. Not part of make test
 # (tests/cluster/test_soak_smoke.py runs a short one there).
 MINUTES ?= 60
+# MEMORY_LIMIT=256k: a memoryLimit small enough that every store spills into sorted runs (results in soak-spill/)
+MEMORY_LIMIT ?=
+SOAK_OUT ?= benchmarks/results/soak$(if $(MEMORY_LIMIT),-spill)
 soak: install
-	$(PY) -m benchmarks.soak --minutes $(MINUTES) --out benchmarks/results/soak
+	$(PY) -m benchmarks.soak --minutes $(MINUTES) --out $(SOAK_OUT) $(if $(MEMORY_LIMIT),--memory-limit $(MEMORY_LIMIT))
 
 clean:
 	rm -rf $(VENV) jvm-shim/build build dist .pytest_cache .hypothesis

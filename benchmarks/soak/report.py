@@ -75,6 +75,9 @@ def markdown(data: dict) -> str:
         f"| batches committed (agg / sessions / dedup / join) | "
         f"{' / '.join(str(queries.get(n, {}).get('batches', '?')) for n in ('agg', 'sessions', 'dedup', 'join'))} |",
         f"| rows emitted | {sum(q.get('rows_out', 0) for q in queries.values())} |",
+        f"| memoryLimit | {settings.get('memory_limit') or 'default'} |",
+        f"| spills into sorted runs (agg / sessions / dedup / join) | "
+        f"{' / '.join(str(sum(p.get('spills', 0) for p in progress if p.get('query') == n)) for n in ('agg', 'sessions', 'dedup', 'join'))} |",
         f"| batch duration with input, median / p95 / max | {_pct(durations)} |",
         f"| faults injected | {sum(done.values())} |",
         f"| recoveries (every query committed a batch again after a fault), median / max time | "

@@ -54,6 +54,8 @@ class Settings:
     sample_s: float = 5.0
     every_kind: bool = False      # go on past ``minutes`` until every kind of fault was performed once
     first_kinds: tuple[str, ...] = ()   # the kinds the schedule starts with
+    #: spark_state's memoryLimit (None: the default); a small one makes every store spill into sorted runs
+    memory_limit: str | None = None
 
 
 class Producer(threading.Thread):
@@ -87,6 +89,8 @@ def run(cfg: Settings) -> dict:
         (out / name).unlink(missing_ok=True)
     options = {"storage": "filesystem", "checkpoint_root": STATE_ROOT, "snapshot_interval": 4,
                "file_grace_period": f"{cfg.grace_s:g}s"}
+    if cfg.memory_limit:
+        options["memory_limit"] = cfg.memory_limit
     world = World(cfg.workdir, seed=cfg.seed, options=options)
     world.tool_options = {"checkpointRoot": STATE_ROOT, "fileGracePeriod": f"{cfg.grace_s:g}s"}
     world.savepoints = f"s3://{BUCKET}/savepoints"

@@ -77,5 +77,11 @@ class Sampler:
                     self._seen.add(key)
                     f.write(json.dumps({"query": name, "batch": key[2], "t": p.get("timestamp"),
                                         "duration_ms": (p.get("durationMs") or {}).get("triggerExecution"),
-                                        "rows": p.get("numInputRows", 0)}) + "\n")
+                                        "rows": p.get("numInputRows", 0), "spills": _spills(p)}) + "\n")
         return sample
+
+
+def _spills(progress: dict) -> int:
+    """The batch's spills into sorted runs, all its stateful operators together (Metrics.java's sparkStateSpills)."""
+    return sum(int((op.get("customMetrics") or {}).get("sparkStateSpills", 0) or 0)
+               for op in progress.get("stateOperators") or [])
