@@ -6,6 +6,7 @@ rule 7). Spark's HDFS provider refuses format v2, so the twin here is Spark's Ro
 
 from __future__ import annotations
 
+import glob
 import json
 import shutil
 from pathlib import Path
@@ -80,7 +81,10 @@ def test_a_rerun_batch_leaves_two_lineages_and_the_committed_one_is_restored(spa
     twin.run()
     events.add_all(PHASES[1])
     twin.ref.run()
-    marker.touch()
+    # the partition of key "a" fails once the other partition has committed the batch's version (a lineage)
+    version = twin.test.last_batch() + 2
+    lineages = str(twin.test.checkpoint / "state" / "0" / "*" / f"chk-{version}" / "_metadata-*")
+    marker.write_text(json.dumps({"glob": lineages, "more_than": len(glob.glob(lineages))}))
     with pytest.raises(QueryFailed, match="injected failure"):
         twin.test.run()
     assert not marker.exists(), "the failure was not injected"

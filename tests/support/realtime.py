@@ -105,7 +105,7 @@ class RealTimeQuery:
                      .option("checkpointLocation", str(self.checkpoint))
                      .queryName(f"rt_{uuid.uuid4().hex[:8]}")
                      .foreach(functools.partial(_append_row, str(self.out)))
-                     .trigger(realTime="2 seconds").start())
+                     .trigger(realTime="5 seconds").start())
         try:
             source.add(new_rows)
             deadline = time.monotonic() + timeout

@@ -54,10 +54,22 @@ def running_total(timeout: str, key, pdfs, state):
 
 
 def flaky_running_total(marker: str, key, pdfs, state):
-    """running_total, except that it fails once (the marker file's existence) when it meets key "a"."""
+    """running_total, except that it fails once (the marker file's existence) when it meets key "a". A marker
+    holding ``{"glob": pattern, "more_than": n}`` first waits (60 s at most) until more than n files match the
+    pattern: the other partition's commit of the batch, so that the batch fails after it."""
+    import glob
+    import json
     import os
+    import time
 
     if key[0] == "a" and os.path.exists(marker):
+        with open(marker) as f:
+            text = f.read().strip()
+        if text:
+            wait = json.loads(text)
+            deadline = time.monotonic() + 60
+            while len(glob.glob(wait["glob"])) <= wait["more_than"] and time.monotonic() < deadline:
+                time.sleep(0.1)
         os.remove(marker)
         raise RuntimeError("injected failure in the middle of a batch")
     yield from running_total("EventTimeTimeout", key, pdfs, state)
