@@ -55,20 +55,26 @@ def running_total(timeout: str, key, pdfs, state):
 
 def flaky_running_total(marker: str, key, pdfs, state):
     """running_total, except that it fails once (the marker file's existence) when it meets key "a". A marker
-    holding ``{"glob": pattern, "more_than": n}`` first waits (60 s at most) until more than n files match the
-    pattern: the other partition's commit of the batch, so that the batch fails after it."""
+    holding ``{"stores": pattern}`` (the store directories of the operator's partitions) first waits, 60 s at most,
+    until another partition has committed this batch's version (its newest ``chk-N`` is ahead of another
+    partition's): the batch then fails after that commit."""
     import glob
     import json
     import os
     import time
 
+    def newest(store: str) -> int:
+        # a version counts once its manifest is written (a lineage's is written before it)
+        return max((int(os.path.basename(os.path.dirname(p))[4:])
+                    for p in glob.glob(os.path.join(store, "chk-*", "_metadata"))), default=0)
+
     if key[0] == "a" and os.path.exists(marker):
         with open(marker) as f:
             text = f.read().strip()
         if text:
-            wait = json.loads(text)
+            stores = json.loads(text)["stores"]
             deadline = time.monotonic() + 60
-            while len(glob.glob(wait["glob"])) <= wait["more_than"] and time.monotonic() < deadline:
+            while len({newest(s) for s in glob.glob(stores)}) < 2 and time.monotonic() < deadline:
                 time.sleep(0.1)
         os.remove(marker)
         raise RuntimeError("injected failure in the middle of a batch")
