@@ -9,7 +9,7 @@
  *
  * Usage:
  *   java -cp <pyspark jars>:<shim jar>:<classes> ProviderBench \
- *        --provider-class CLASS --mode micro|memory|write|restore|write+restore \
+ *        --provider-class CLASS --mode micro|memory|write|restore|write+restore|dedup \
  *        --rows N --dir /abs/checkpoint/dir [--batches B] [--change-pct P] \
  *        [--version V] [--conf key=value ...]
  */
@@ -592,6 +592,65 @@ public final class ProviderBench {
         return out;
     }
 
+    /**
+     * A deduplication batch after a restart (issue 37): version `v` (written by mode write) restored on a fresh
+     * provider, then `rows / 10` incoming keys, half of them in the state, each looked up the way Spark 4.2+'s
+     * dropDuplicates does: "before" is Spark's default keyExists, {@code get(key) != null}; "after" is the
+     * provider's own {@code keyExists}; "multiget" looks the batch up with {@code multiGet} in chunks of 1024.
+     * Each variant runs on its own fresh restore (no block cached yet), twice, alternating; medians reported.
+     */
+    Map<String, Object> dedup(long v) throws IOException {
+        warmup();
+        Map<String, Object> out = new LinkedHashMap<>();
+        int count = Math.max(2, rows / 10);
+        UnsafeRow[] keys = new UnsafeRow[count];
+        for (int j = 0; j < count; j++) {
+            // even j: a key of the state (spread over all of it); odd j: a key beyond it (absent)
+            long i = j % 2 == 0 ? perm[j % perm.length] : rows + (long) j;
+            keys[j] = key(i).copy();
+        }
+        String[] variants = {"before", "after", "multiget"};
+        Map<String, double[]> times = new LinkedHashMap<>();
+        for (String variant : variants) times.put(variant, new double[2]);
+        long found = -1;
+        for (int rep = 0; rep < 2; rep++) {
+            for (String variant : variants) {
+                StateStoreProvider p = newProvider(dir);
+                try {
+                    ReadStateStore s = p.getReadStore(v, scala.Option.empty());
+                    long hits = 0;
+                    long t0 = System.nanoTime();
+                    if (variant.equals("multiget")) {
+                        for (int from = 0; from < count; from += 1024) {
+                            UnsafeRow[] chunk = java.util.Arrays.copyOfRange(keys, from, Math.min(count, from + 1024));
+                            scala.collection.Iterator<UnsafeRow> it = s.multiGet(chunk, CF);
+                            while (it.hasNext()) if (it.next() != null) hits++;
+                        }
+                    } else if (variant.equals("after")) {
+                        for (UnsafeRow k : keys) if (s.keyExists(k, CF)) hits++;
+                    } else {
+                        for (UnsafeRow k : keys) if (s.get(k, CF) != null) hits++;
+                    }
+                    times.get(variant)[rep] = ms(System.nanoTime() - t0);
+                    if (found >= 0 && found != hits) throw new IllegalStateException(variant + " found " + hits
+                            + " keys, another variant " + found);
+                    found = hits;
+                    s.release();
+                } finally {
+                    p.close();
+                }
+            }
+        }
+        out.put("version", v);
+        out.put("lookups", count);
+        out.put("found", found);
+        for (String variant : variants) {
+            out.put(variant + "_ms", median(times.get(variant)));
+            out.put(variant + "_runs_ms", toList(times.get(variant)));
+        }
+        return out;
+    }
+
     // ---------------------------------------------------------------- JSON (no library needed)
     static void json(StringBuilder sb, Object o) {
         if (o == null) sb.append("null");
@@ -664,6 +723,7 @@ public final class ProviderBench {
             case "memory": result.putAll(b.memory()); break;
             case "write": result.putAll(b.write()); break;
             case "restore": result.putAll(b.restore(b.version, true)); break;
+            case "dedup": result.putAll(b.dedup(b.version)); break;
             case "write+restore": {
                 Map<String, Object> w = b.write();
                 result.putAll(w);

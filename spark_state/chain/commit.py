@@ -91,11 +91,11 @@ class Committer:
     def commit(self, version: int, changes: pa.Table, base_commit_id=UNCHECKED,
                min_versions_to_retain: int | None = None, *, full: bool = False,
                repeated_keys: bool = False, staged: StagedCommit | None = None,
-               keys: int | None = None) -> CommitResult:
+               keys: int | None = None, lineage: bool = False) -> CommitResult:
         """See VersionedStore.commit. A `staged` file is consumed: a commit that fails drops it."""
         try:
             return self._commit(version, changes, base_commit_id, min_versions_to_retain, full, repeated_keys,
-                                staged, keys)
+                                staged, keys, lineage)
         except BaseException:
             if staged is not None:
                 try:
@@ -105,7 +105,8 @@ class Committer:
             raise
 
     def _commit(self, version: int, changes: pa.Table, base_commit_id, min_versions_to_retain: int | None,
-                full: bool, repeated_keys: bool, staged: StagedCommit | None, keys: int | None) -> CommitResult:
+                full: bool, repeated_keys: bool, staged: StagedCommit | None, keys: int | None,
+                lineage: bool = False) -> CommitResult:
         ctx = self.ctx
         if version < 1:
             raise ProtocolError(f"cannot commit version {version} of {ctx.name}: versions start at 1.")
@@ -125,7 +126,10 @@ class Committer:
             started = time.monotonic()
             chain: tuple[FileEntry, ...] = ()
             if version > 1:
-                base = self.reader.view(version - 1)
+                # checkpoint format v2: the base is the commit Spark names (its checkpoint id), whichever commit of
+                # that version was written last (docs/consistency.md, rule 7)
+                wanted = base_commit_id if lineage and isinstance(base_commit_id, str) else None
+                base = self.reader.view(version - 1, wanted)
                 self._check_base(base.manifest, base_commit_id)
                 self.reader.check_parallelism(base.manifest)
                 chain = self.compactor.rebased(base.chain, version, min_versions_to_retain)
@@ -164,6 +168,8 @@ class Committer:
                 body = manifest.to_json()
                 self._check_deadline(version, started)
                 manifest_sent = True
+                if lineage:   # this commit stays loadable by its id whatever commit of `version` is written after it
+                    ctx.storage.commit_lineage(version, manifest.commit_id, body)
                 ctx.storage.commit_manifest(version, body)
             except BaseException:
                 # A manifest write that raised may still have landed, or land later (a failed fsync after the

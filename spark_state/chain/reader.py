@@ -25,13 +25,13 @@ import pyarrow as pa
 from spark_state.chain.context import StoreContext
 from spark_state.chain.merge import fold_changes, in_key_group_order, merge_chain
 from spark_state.chain.references import Siblings
-from spark_state.errors import SparkStateError, StorageError, VersionNotFound
+from spark_state.errors import ProtocolError, SparkStateError, StorageError, VersionNotFound
 from spark_state.format import datafile, rowimage
 from spark_state.format.manifest import SNAPSHOT, CompactionRecord, FileEntry, ImageEntry, Manifest
 from spark_state.format.tables import empty_table
 from spark_state.keygroups import as_key_group_array, check_same_max_parallelism, filter_residue, slice_key_groups
 from spark_state.storage.base import CheckpointStorage
-from spark_state.storage.layout import COMPACTION_NAME, manifest_path, record_path
+from spark_state.storage.layout import COMPACTION_NAME, lineage_name, manifest_path, record_path
 
 log = logging.getLogger(__name__)
 
@@ -143,10 +143,39 @@ class ChainReader:
                                f"not {version}; the checkpoint directory was tampered with.")
         return manifest
 
-    def view(self, version: int) -> VersionView:
-        """Version N as storage holds it now (see VersionView)."""
+    def read_lineage(self, version: int, commit_id: str, latest: Manifest | None = None) -> Manifest:
+        """The manifest of commit `commit_id` of version N: the version's latest manifest when it is that commit,
+        else its lineage manifest (``chk-N/_metadata-<commit id>``, written by commits under checkpoint format v2);
+        VersionNotFound when storage holds no such commit. `latest`: the version's latest manifest, if just read."""
+        storage = self.ctx.storage
+        manifest = latest if latest is not None else self.read_manifest(version)
+        if manifest.commit_id == commit_id:
+            return manifest
+        try:
+            data = storage.read_lineage(version, commit_id)
+        except ValueError as err:
+            raise ProtocolError(f"checkpoint id of version {version} of {self.ctx.name}: {err}") from None
+        if data is None:
+            raise VersionNotFound(
+                f"version {version} of state store {storage.root} has no commit {commit_id} (the checkpoint id "
+                f"Spark's commit log names for it); storage holds commit {manifest.commit_id} as that version and "
+                f"no lineage manifest {record_path(version, lineage_name(commit_id))}. The version was written "
+                f"without checkpoint ids, or its files were deleted or replaced outside spark_state; restore an "
+                f"older batch (spark-state restore) or start from a new checkpoint.")
+        lineage = Manifest.from_json(data, f"{storage.root}/{record_path(version, lineage_name(commit_id))}")
+        if lineage.version != version or lineage.commit_id != commit_id:
+            raise StorageError(f"{storage.root}/{record_path(version, lineage_name(commit_id))} describes commit "
+                               f"{lineage.commit_id} of version {lineage.version}, not commit {commit_id} of "
+                               f"version {version}; the checkpoint directory was tampered with.")
+        return lineage
+
+    def view(self, version: int, lineage: str | None = None) -> VersionView:
+        """Version N as storage holds it now (see VersionView); with `lineage`, its commit of that id (a commit
+        under checkpoint format v2: the latest manifest, or the lineage manifest of that commit)."""
         manifest_bytes, record_bytes = self.ctx.storage.read_version(version)
         manifest = self._parse_manifest(version, manifest_bytes)
+        if lineage is not None and manifest.commit_id != lineage:
+            manifest = self.read_lineage(version, lineage, manifest)
         record = None
         if record_bytes is not None:
             try:
@@ -166,15 +195,16 @@ class ChainReader:
     # ------------------------------------------------------------- whole versions
 
     def load_checked(self, version: int, known_commit_id: str | None = None, *, key_groups=None,
-                     ordered: bool = True) -> Loaded:
-        """`version` with its commit id, read fresh from storage; no rows when it is still `known_commit_id`."""
+                     ordered: bool = True, lineage: str | None = None) -> Loaded:
+        """`version` with its commit id, read fresh from storage; no rows when it is still `known_commit_id`.
+        `lineage`: the commit of `version` wanted (a checkpoint id of format v2), else the latest."""
         if version == 0:
             return Loaded(empty_table(), None, keys=0)
         if version < 0:
             raise self.ctx.storage.version_not_found(version)
         locks = self.ctx.locks
         with locks.lock:
-            view = self.view(version)
+            view = self.view(version, lineage)
             manifest = view.manifest
             if known_commit_id is not None and manifest.commit_id == known_commit_id:
                 return Loaded(None, manifest.commit_id, keys=view.keys)
@@ -201,7 +231,7 @@ class ChainReader:
             locks.unpin(f.path for f in chain)
 
     def load_lazy(self, version: int, known_commit_id: str | None = None, *, cache_dir: str,
-                  ranges: bool = False) -> Loaded:
+                  ranges: bool = False, lineage: str | None = None) -> Loaded:
         """`version` for a reader that looks keys up in row images: when its chain starts with a snapshot
         that has one, that image and only the changes after it; else every row, as ``load_checked``. The image
         is opened where it is on a local disk; on remote storage, with ``ranges`` (a reader that fetches blocks
@@ -214,7 +244,7 @@ class ChainReader:
             return self.load_checked(version, known_commit_id)
         locks = self.ctx.locks
         with locks.lock:
-            view = self.view(version)
+            view = self.view(version, lineage)
             if known_commit_id is not None and view.manifest.commit_id == known_commit_id:
                 return Loaded(None, known_commit_id, keys=view.keys)
             chain = view.chain
@@ -224,7 +254,7 @@ class ChainReader:
                 locks.pin(f.path for f in chain[1:])
                 locks.pin(base.paths)
         if not lazy:
-            return self.load_checked(version, known_commit_id, ordered=False)
+            return self.load_checked(version, known_commit_id, ordered=False, lineage=lineage)
         try:
             self.check_parallelism(view.manifest)
             remote = ranges and self.ctx.settings.row_image_range_reads and self.ctx.storage.local_path(
@@ -240,7 +270,7 @@ class ChainReader:
                 if image is not None:
                     changes = self._changes(version, chain)
             if image is None:
-                return self.load_checked(version, known_commit_id, ordered=False)
+                return self.load_checked(version, known_commit_id, ordered=False, lineage=lineage)
             return Loaded(changes, view.manifest.commit_id, image, base.file_format, view.keys)
         finally:
             locks.unpin(f.path for f in chain[1:])

@@ -27,7 +27,7 @@ from spark_state.chain.context import StoreContext
 from spark_state.chain.reader import ChainReader
 from spark_state.chain.references import referenced_elsewhere
 from spark_state.format.manifest import CompactionRecord, Manifest
-from spark_state.storage.layout import COMPACTION_NAME, file_version, record_path
+from spark_state.storage.layout import COMPACTION_NAME, file_version, lineage_name, record_path
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,7 @@ class Retention:
         self.reader = reader
         self.clock = GraceClock()
         self._cache: dict[int, tuple[str | None, Manifest]] = {}   # version -> (listing stamp, manifest)
+        self._lineage_cache: dict[tuple[int, str], tuple[str, Manifest]] = {}   # (version, commit id) -> (stamp, ..)
 
     def retain(self, keep: int, version: int | None) -> None:
         """Drops versions below the window around `version` (default: the newest) and deletes orphans."""
@@ -120,10 +121,11 @@ class Retention:
             if not self.owns_timeline(current, manifests):
                 return
             records = self._records(storage.list_records(COMPACTION_NAME).keys() - set(drop))
+            lineages = self._lineages(oldest)
             for v in drop:
                 storage.delete_version(v)
                 self._cache.pop(v, None)
-            references = ReferenceSet.gather(manifests.values(), records, ctx.locks.pinned(), elsewhere)
+            references = ReferenceSet.gather([*manifests.values(), *lineages], records, ctx.locks.pinned(), elsewhere)
             orphans = references.orphans(storage.list_files(), oldest)
             fresh = self.clock.fresh(orphans)
             due = self.clock.due(orphans, ctx.settings.file_grace_period, time.monotonic())
@@ -166,6 +168,29 @@ class Retention:
                 for old in sorted(self._cache)[:len(self._cache) - _CACHE_LIMIT]:
                     del self._cache[old]
             out[v] = manifest
+        return out
+
+    def _lineages(self, oldest: int) -> list[Manifest]:
+        """The lineage manifests (checkpoint format v2: every attempt's commit of a version, by its id) of the
+        versions from `oldest` on: a kept version's every commit may still be the one Spark loads, so the files
+        they name are referenced (docs/consistency.md, rule 7). Re-read only where the listing stamp changed."""
+        out = []
+        found = self.ctx.storage.list_lineages()
+        for key in list(self._lineage_cache):
+            if key not in found:
+                del self._lineage_cache[key]
+        for (version, commit_id), stamp in found.items():
+            if version < oldest:
+                continue
+            cached = self._lineage_cache.get((version, commit_id))
+            if cached is None or cached[0] != stamp:
+                data = self.ctx.storage.read_lineage(version, commit_id)
+                if data is None:   # its version was dropped meanwhile
+                    continue
+                name = f"{self.ctx.storage.root}/{record_path(version, lineage_name(commit_id))}"
+                cached = (stamp, Manifest.from_json(data, name))
+                self._lineage_cache[(version, commit_id)] = cached
+            out.append(cached[1])
         return out
 
     def _records(self, versions: Iterable[int]) -> list[CompactionRecord]:

@@ -115,7 +115,7 @@ class VersionedStore:
     def commit(self, version: int, changes: pa.Table, base_commit_id=UNCHECKED,
                min_versions_to_retain: int | None = None, *, full: bool = False,
                repeated_keys: bool = False, staged: StagedCommit | None = None,
-               keys: int | None = None) -> CommitResult:
+               keys: int | None = None, lineage: bool = False) -> CommitResult:
         """Makes `version` = version-1 + changes durable; replaces an existing `version` (a retried batch).
 
         ``base_commit_id`` is the identity of version-1 the caller built its
@@ -127,9 +127,13 @@ class VersionedStore:
         ``staged``: the changes streamed before (``stage``); `changes` are the rest.
         ``keys``: how many keys the state at `version` holds, when the caller counted them (the manifest
         records it; a snapshot's count must match its rows).
+        ``lineage`` (Spark's checkpoint format v2): the commit builds on the commit ``base_commit_id`` of
+        version-1 even when another commit of it was written since (a concurrent attempt of the batch), and
+        stays loadable by its own commit id (``load_checked(..., lineage=)``) whatever is committed as
+        `version` after it: the manifest is also written as ``chk-N/_metadata-<commit id>``.
         """
         return self.committer.commit(version, changes, base_commit_id, min_versions_to_retain, full=full,
-                                     repeated_keys=repeated_keys, staged=staged, keys=keys)
+                                     repeated_keys=repeated_keys, staged=staged, keys=keys, lineage=lineage)
 
     def stage(self, version: int) -> StagedCommit:
         """A commit of `version` whose changes come in chunks while its batch runs (``StagedCommit.append``),
@@ -150,16 +154,18 @@ class VersionedStore:
         return self.reader.load_checked(version, key_groups=key_groups, ordered=ordered).table
 
     def load_checked(self, version: int, known_commit_id: str | None = None, *, key_groups=None,
-                     ordered: bool = True) -> Loaded:
-        """`version` with its commit id, read fresh from storage; no rows when it is still `known_commit_id`."""
-        return self.reader.load_checked(version, known_commit_id, key_groups=key_groups, ordered=ordered)
+                     ordered: bool = True, lineage: str | None = None) -> Loaded:
+        """`version` with its commit id, read fresh from storage; no rows when it is still `known_commit_id`.
+        `lineage`: the commit of `version` to load (a checkpoint id of format v2), else the latest one."""
+        return self.reader.load_checked(version, known_commit_id, key_groups=key_groups, ordered=ordered,
+                                        lineage=lineage)
 
     def load_lazy(self, version: int, known_commit_id: str | None = None, *, cache_dir: str,
-                  ranges: bool = False) -> Loaded:
+                  ranges: bool = False, lineage: str | None = None) -> Loaded:
         """`version` for a reader that looks keys up in row images: the image and the changes after it when the
         chain has one, else every row (``ChainReader.load_lazy``; ``ranges``: the reader fetches a remote image's
-        blocks by byte range)."""
-        return self.reader.load_lazy(version, known_commit_id, cache_dir=cache_dir, ranges=ranges)
+        blocks by byte range; ``lineage``: the commit of `version` to load, as ``load_checked``)."""
+        return self.reader.load_lazy(version, known_commit_id, cache_dir=cache_dir, ranges=ranges, lineage=lineage)
 
     def versions(self) -> list[int]:
         return self.reader.versions()

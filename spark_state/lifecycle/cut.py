@@ -195,6 +195,7 @@ def checkpoint_cut(ckpt: SparkCheckpoint, batch: int | None = None, progress: Pr
     """The cut of committed `batch` (default: the latest) of a spark_state checkpoint."""
     batch = ckpt.committed(batch)
     ckpt.require_spark_state(batch)
+    ckpt.require_format_v1(batch, "a savepoint or restore")
     n = ckpt.num_partitions(batch)
     items = [Item("metadata", ckpt.dir, "metadata")]
     items += log_items(ckpt, "offsets", batch)

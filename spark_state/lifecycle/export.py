@@ -53,7 +53,7 @@ def export(checkpoint_location: str, output: str, *, batch: int | None = None,
     files = rows = 0
     with progress.task(f"exporting batch {at}", len(stores)) as task:
         for sid in stores:
-            table = ckpt.store(sid).load(at + 1)
+            table = ckpt.load_state(sid, at)
             if is_typed(table):   # Spark may repeat a field name (sum, sum); Parquet readers need them unique
                 # by position: Table.cast matches struct fields by name
                 table = as_table_of(table, unique_names(table.schema))

@@ -41,7 +41,7 @@ def read_state(checkpoint_location: str, operator: int = 0, store_name: str | No
     tables = []
     for p in _partitions(ckpt, at, partitions):
         sid = StoreId(operator, p, store_name)
-        state = _typed(ckpt.store(sid).load(at + 1), sid, ckpt, at)
+        state = _typed(ckpt.load_state(sid, at), sid, ckpt, at)
         tables.append(pa.table({"partition": pa.array([p] * state.num_rows, pa.int32()),
                                 "key": state.column("key"), "value": state.column("value")}))
     return _concat(tables)

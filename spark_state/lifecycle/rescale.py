@@ -169,6 +169,7 @@ def rescale(checkpoint_location: str, num_partitions: int, *, options: Mapping[s
     ckpt = SparkCheckpoint(checkpoint_location, settings)
     committed, resume = _check_stopped(ckpt, num_partitions)
     ckpt.require_spark_state(committed)
+    ckpt.require_format_v1(committed, "rescale")
     old_n = ckpt.num_partitions(committed)
     if old_n == num_partitions:
         raise CheckpointError(f"{ckpt.url} already runs with {old_n} partitions (batch {committed}); nothing to do.")

@@ -32,6 +32,12 @@ from spark_state.spark.files import (
 from spark_state.storage.directory import Dir
 from spark_state.storage.layout import DEFAULT_STORE, STORE_ENTRIES, StoreId, StoreRef, format_versions, resolve_root
 
+#: Spark's checkpoint format (2: state store checkpoint ids, recorded in the commit log as ``stateUniqueIds``).
+CHECKPOINT_FORMAT_CONF = "spark.sql.streaming.stateStore.checkpointFormatVersion"
+#: The order of a stream-stream join's four stores in ``stateUniqueIds`` (Spark's SymmetricHashJoinStateManager).
+JOIN_STORE_ORDER = ("left-keyToNumValues", "left-keyWithIndexToValue",
+                    "right-keyToNumValues", "right-keyWithIndexToValue")
+
 
 @dataclass(frozen=True)
 class Operator:
@@ -141,6 +147,35 @@ class SparkCheckpoint:
         except FileNotFoundError:
             raise CheckpointError(f"batch {batch} of {self.dir.url} was not committed (no {rel}); committed "
                                   f"batches: {format_versions(self.committed_batches)}.") from None
+
+    def checkpoint_id(self, batch: int, sid: StoreId) -> str | None:
+        """The checkpoint id Spark's commit log names for store `sid` after `batch` (checkpoint format v2: the
+        commit id of the store's version ``batch + 1`` that Spark committed), else None (format v1)."""
+        ids = self.commit(batch).get("stateUniqueIds") or {}
+        per_partition = ids.get(str(sid.operator))
+        if not per_partition:
+            return None
+        try:
+            per_store = per_partition[sid.partition]
+            index = JOIN_STORE_ORDER.index(sid.name) if len(per_store) == len(JOIN_STORE_ORDER) else 0
+            return str(per_store[index])
+        except (IndexError, ValueError, TypeError):
+            raise CheckpointError(f"commits/{batch} of {self.dir.url} names no checkpoint id for store ({sid}): "
+                                  f"its stateUniqueIds are {per_partition!r}; the commit log is damaged.") from None
+
+    def load_state(self, sid: StoreId, batch: int):
+        """The state of store `sid` after committed `batch`: version ``batch + 1``, the very commit Spark's commit
+        log names under checkpoint format v2 (``checkpoint_id``), else the version's latest commit."""
+        return self.store(sid).load_checked(batch + 1, lineage=self.checkpoint_id(batch, sid)).table
+
+    def require_format_v1(self, batch: int, what: str) -> None:
+        """Refuses a checkpoint that runs with checkpoint format v2 for a tool that writes Spark's logs."""
+        if self.commit(batch).get("stateUniqueIds") or self.offsets(batch).conf.get(CHECKPOINT_FORMAT_CONF, "1") != "1":
+            raise CheckpointError(
+                f"{self.dir.url} runs with Spark's checkpoint format v2 ({CHECKPOINT_FORMAT_CONF}=2: state store "
+                f"checkpoint ids, which Spark 4.3's real-time mode sets by default); {what} writes Spark's commit "
+                f"log and handles format v1 checkpoints only. Nothing was written. Read the state with read_state "
+                f"or export, or run the query with {CHECKPOINT_FORMAT_CONF}=1 from a new checkpoint.")
 
     def num_partitions(self, batch: int) -> int:
         """The state partition count Spark pinned for `batch` (the internal conf where set, else shuffle partitions)."""

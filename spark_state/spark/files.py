@@ -125,8 +125,10 @@ class OffsetSeq:
 
 
 def parse_commit(data: bytes, name: str) -> dict:
+    """A commit log entry's JSON: ``nextBatchWatermarkMs``; with checkpoint format v2 (log format v2) also
+    ``stateUniqueIds``, operator id -> partition -> the checkpoint id of each of its stores."""
     lines = _lines(data, name)
-    _version(lines[0], name, (1,))
+    _version(lines[0], name, (1, 2))
     return _json(lines[1], name) if len(lines) > 1 and lines[1].strip() else {}
 
 

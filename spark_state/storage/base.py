@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 
 from spark_state.errors import VersionNotFound
 from spark_state.storage import layout
-from spark_state.storage.layout import COMPACTION_NAME, MANIFEST_NAME, SHARED_DIR, format_versions
+from spark_state.storage.layout import COMPACTION_NAME, MANIFEST_NAME, SHARED_DIR, format_versions, lineage_name
 
 
 class CheckpointStorage(ABC):
@@ -78,6 +78,10 @@ class CheckpointStorage(ABC):
         """Writes chk-N/_metadata atomically, replacing a previous one: this makes N visible."""
         self.commit_record(version, MANIFEST_NAME, data)
 
+    def commit_lineage(self, version: int, commit_id: str, data: bytes) -> None:
+        """Writes chk-N/_metadata-<commit id>, the lineage manifest of one commit of N (checkpoint format v2)."""
+        self.commit_record(version, lineage_name(commit_id), data)
+
     def commit_compaction(self, version: int, data: bytes) -> None:
         """Writes chk-N/_snapshot; background work, so it never re-creates a deleted chk-N/."""
         self.commit_record(version, COMPACTION_NAME, data, recreate=False)
@@ -94,6 +98,10 @@ class CheckpointStorage(ABC):
         if data is None:
             raise self.version_not_found(version)
         return data
+
+    def read_lineage(self, version: int, commit_id: str) -> bytes | None:
+        """The lineage manifest of commit `commit_id` of version N, or None when there is none."""
+        return self.read_record(version, lineage_name(commit_id))
 
     def read_version(self, version: int) -> tuple[bytes, bytes | None]:
         """(manifest, compaction record or None) of version N, read fresh from storage."""
@@ -124,6 +132,10 @@ class CheckpointStorage(ABC):
     def list_manifests(self) -> dict[int, str]:
         """Committed versions -> an opaque stamp that changes when the manifest is rewritten."""
         return self.list_records(MANIFEST_NAME)
+
+    @abstractmethod
+    def list_lineages(self) -> dict[tuple[int, str], str]:
+        """Every lineage manifest chk-N/_metadata-<commit id>: (N, commit id) -> an opaque stamp."""
 
     def list_versions(self) -> list[int]:
         return sorted(self.list_manifests())

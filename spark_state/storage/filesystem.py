@@ -21,7 +21,8 @@ import fsspec
 from spark_state.errors import StorageError, StoreDeleted
 from spark_state.storage import atomic
 from spark_state.storage.base import CheckpointStorage, DataFileWriter
-from spark_state.storage.layout import COMPACTION_NAME, MANIFEST_NAME, SHARED_DIR, record_path, version_dir_of
+from spark_state.storage.layout import (COMPACTION_NAME, LINEAGE_PREFIX, MANIFEST_NAME, SHARED_DIR, lineage_of,
+                                       record_path, version_dir_of)
 
 log = logging.getLogger(__name__)
 
@@ -277,6 +278,24 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             stamp = [info.get("size"), info.get("mtime"), info.get("created"), info.get("ino"),
                      info.get("ETag") or info.get("etag"), info.get("LastModified") or info.get("updated")]
             out[version] = ":".join(str(s) for s in stamp)
+        return out
+
+    def list_lineages(self) -> dict[tuple[int, str], str]:
+        try:
+            if self._object_store and "prefix" in inspect.signature(self.fs.find).parameters:
+                found = self.fs.find(self._base, prefix="chk-", detail=True)
+            else:
+                found = self.fs.glob(self._full(f"chk-*/{LINEAGE_PREFIX}*"), detail=True)
+        except FileNotFoundError:
+            return {}
+        out = {}
+        for path, info in found.items():
+            parts = path.rstrip("/").split("/")
+            if len(parts) < 2:
+                continue
+            version, commit_id = version_dir_of(parts[-2]), lineage_of(parts[-1])
+            if version is not None and commit_id is not None:
+                out[(version, commit_id)] = f"{info.get('size')}:{info.get('mtime') or info.get('LastModified')}"
         return out
 
     def _find_records(self, name: str) -> dict[str, dict]:

@@ -27,6 +27,10 @@ from spark_state.storage.urls import normalize_url
 
 MANIFEST_NAME = "_metadata"
 COMPACTION_NAME = "_snapshot"
+#: A lineage manifest ``chk-N/_metadata-<commit id>``: the manifest of one commit of version N, kept beside
+#: ``_metadata`` (the version's latest commit) when Spark names versions by checkpoint id (checkpoint format
+#: v2), so every attempt's commit of a batch stays loadable by its id (docs/consistency.md, rule 7).
+LINEAGE_PREFIX = MANIFEST_NAME + "-"
 SHARED_DIR = "shared"
 REFS_DIR = "refs"
 #: Names inside a store directory that belong to spark_state (everything else there is Spark's).
@@ -46,6 +50,24 @@ def record_path(version: int, name: str) -> str:
 
 def manifest_path(version: int) -> str:
     return record_path(version, MANIFEST_NAME)
+
+
+_COMMIT_ID = re.compile(r"^[0-9A-Za-z_-]{1,64}$")
+
+
+def lineage_name(commit_id: str) -> str:
+    """The record name of the lineage manifest of commit `commit_id` (``_metadata-<commit id>``)."""
+    if not isinstance(commit_id, str) or not _COMMIT_ID.match(commit_id):
+        raise ValueError(f"{commit_id!r} is not a commit id (1-64 letters, digits, '_' or '-')")
+    return LINEAGE_PREFIX + commit_id
+
+
+def lineage_of(name: str) -> str | None:
+    """The commit id of a lineage manifest's record name, else None."""
+    if not name.startswith(LINEAGE_PREFIX):
+        return None
+    commit_id = name[len(LINEAGE_PREFIX):]
+    return commit_id if _COMMIT_ID.match(commit_id) else None
 
 
 def version_dir_of(name: str) -> int | None:

@@ -24,7 +24,7 @@ from spark_state.errors import StateLost, StateTooLarge, VersionNotFound
 from spark_state.options import PREFIX
 from spark_state.storage.base import CheckpointStorage
 from spark_state.storage.layout import (
-    MANIFEST_NAME, SHARED_DIR, file_version, manifest_path, record_path, version_dir_of,
+    MANIFEST_NAME, SHARED_DIR, file_version, lineage_of, manifest_path, record_path, version_dir_of,
 )
 
 _REGISTRY: dict[str, dict[str, bytes]] = {}
@@ -142,6 +142,15 @@ class MemoryCheckpointStorage(CheckpointStorage):
             version = version_dir_of(head)
             if version is not None and tail == name:
                 out[version] = f"mem:{len(data)}:{zlib.crc32(data):08x}"
+        return out
+
+    def list_lineages(self) -> dict[tuple[int, str], str]:
+        out = {}
+        for path, data in list(self._files.items()):
+            head, _, tail = path.partition("/")
+            version, commit_id = version_dir_of(head), lineage_of(tail)
+            if version is not None and commit_id is not None:
+                out[(version, commit_id)] = f"mem:{len(data)}:{zlib.crc32(data):08x}"
         return out
 
     def list_files(self, prefix: str = SHARED_DIR) -> list[str]:

@@ -173,7 +173,7 @@ class Dispatcher:
             staged = self.streams.take(_stream_field(header), _int_field(header, "chunks"), store, version)
         result = store.commit(version, changes, base_commit_id=base, min_versions_to_retain=keep, full=full,
                               repeated_keys=bool(header.get("repeatedKeys")), staged=staged,
-                              keys=_optional_count(header, "keys"))
+                              keys=_optional_count(header, "keys"), lineage=bool(header.get("lineage")))
         if result.compaction_due:   # at once, in the background; a waiting compaction takes the newer version
             self.background.submit(("compaction", store), store.compact, version, max)
         # "files": what a commit writes, a data file and a manifest (a field of protocol 1, kept for the shim)
@@ -192,11 +192,15 @@ class Dispatcher:
         version = _int_field(header, "version")
         known = header.get("commitId")
         known = str(known) if known else None
+        lineage = header.get("checkpointId")
+        if lineage is not None and not isinstance(lineage, str):
+            raise ProtocolError(f"request 'load' needs 'checkpointId' as a string, got {lineage!r}")
         store = self._store(header)
         if header.get("images"):
-            loaded = store.load_lazy(version, known, cache_dir=self.cache_dir, ranges=bool(header.get("ranges")))
+            loaded = store.load_lazy(version, known, cache_dir=self.cache_dir, ranges=bool(header.get("ranges")),
+                                     lineage=lineage or None)
         else:
-            loaded = store.load_checked(version, known, ordered=False)
+            loaded = store.load_checked(version, known, ordered=False, lineage=lineage or None)
         keys = {} if loaded.keys is None else {"keys": loaded.keys}
         if loaded.table is None and loaded.image is None:
             return {"ok": True, "unchanged": True, "commitId": loaded.commit_id, **keys}, b""

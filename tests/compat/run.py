@@ -13,7 +13,9 @@ running-total applyInPandasWithState query, stopped and restarted from its check
 application, must continue every key's total, and the provider-contract check (no abstract method
 of that version's StateStoreProvider / StateStore / ReadStateStore left unimplemented by the shim
 classes, loaded in that version's JVM) must come back empty, and in the second application Spark's
-change feed, snapshot replay and read_changes must agree (``history_problems``).
+change feed, snapshot replay and read_changes must agree (``history_problems``). The same two
+applications run again with Spark's checkpoint format v2 (state store checkpoint ids): the same
+totals and history, and the commit log names the checkpoint ids.
 Prints one line per entry with the measured times; exits 1 if any entry failed.
 """
 
@@ -85,8 +87,18 @@ def check_version(installing: Future, python_version: str, version: str, work: P
             t = time.monotonic()
             results.append(wheel_env.run_app(python, work / "app", phase, env, args=["--configure"]))
             record[f"phase{phase}_s"] = round(time.monotonic() - t, 1)
+        # the same query with Spark's checkpoint format v2 (state store checkpoint ids), restarted as well
+        v2 = []
+        for phase in (1, 2):
+            t = time.monotonic()
+            v2.append(wheel_env.run_app(python, work / "app-v2", phase, env,
+                                        args=["--configure", "--checkpoint-format", "2"]))
+            record[f"v2_phase{phase}_s"] = round(time.monotonic() - t, 1)
         problems = []
-        for phase, result in enumerate(results, start=1):
+        for phase, result in enumerate(v2, start=1):
+            if not result["unique_ids"]:
+                problems.append(f"checkpoint format v2, phase {phase}: the commit log names no checkpoint id")
+        for phase, result in [*enumerate(results, start=1), *enumerate(v2, start=1)]:
             expected = {k: v for k, v in wheel_app.expected_totals(phase).items()
                         if k in {k for k, _ in wheel_app.EVENTS[phase]}}
             if result["spark"] != version:

@@ -13,27 +13,13 @@ from pathlib import Path
 import pytest
 
 from tests.support.processes import alive, kill_workers, worker_pids
-from tests.support.running_total import OUTPUT_SCHEMA, PHASES, SCHEMA, STATE_SCHEMA, build_query, running_total
+from tests.support.running_total import (
+    OUTPUT_SCHEMA, PHASES, SCHEMA, STATE_SCHEMA, build_query, flaky_running_total, query_with_hook as _query,
+    running_total,
+)
 from tests.support.spark import JsonStream, QueryFailed
 from tests.support.spark_child import Child
 from tests.support.waiting import wait_until
-
-
-def flaky_running_total(marker: str, key, pdfs, state):
-    """running_total, except that it fails once (the marker file's existence) when it meets key "a"."""
-    if key[0] == "a" and os.path.exists(marker):
-        os.remove(marker)
-        raise RuntimeError("injected failure in the middle of a batch")
-    yield from running_total("EventTimeTimeout", key, pdfs, state)
-
-
-def _query(events: JsonStream, fn, marker: Path):
-    """The running-total query with `fn` (running_total with a hook that watches the file `marker`)."""
-    def build(spark):
-        return (events.read(spark).withWatermark("ts", "5 seconds").groupBy("k")
-                .applyInPandasWithState(functools.partial(fn, str(marker)), OUTPUT_SCHEMA,
-                                        STATE_SCHEMA, "update", "EventTimeTimeout"))
-    return build
 
 
 @pytest.mark.parametrize("storage", ["filesystem", "memory"])

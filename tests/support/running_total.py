@@ -53,6 +53,43 @@ def running_total(timeout: str, key, pdfs, state):
     yield pd.DataFrame({"k": [k], "total": [total], "n": [n], "kind": ["update"]})
 
 
+def flaky_running_total(marker: str, key, pdfs, state):
+    """running_total, except that it fails once (the marker file's existence) when it meets key "a". A marker
+    holding ``{"stores": pattern}`` (the store directories of the operator's partitions) first waits, 60 s at most,
+    until another partition has committed this batch's version (its newest ``chk-N`` is ahead of another
+    partition's): the batch then fails after that commit."""
+    import glob
+    import json
+    import os
+    import time
+
+    def newest(store: str) -> int:
+        # a version counts once its manifest is written (a lineage's is written before it)
+        return max((int(os.path.basename(os.path.dirname(p))[4:])
+                    for p in glob.glob(os.path.join(store, "chk-*", "_metadata"))), default=0)
+
+    if key[0] == "a" and os.path.exists(marker):
+        with open(marker) as f:
+            text = f.read().strip()
+        if text:
+            stores = json.loads(text)["stores"]
+            deadline = time.monotonic() + 60
+            while len({newest(s) for s in glob.glob(stores)}) < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+        os.remove(marker)
+        raise RuntimeError("injected failure in the middle of a batch")
+    yield from running_total("EventTimeTimeout", key, pdfs, state)
+
+
+def query_with_hook(events: JsonStream, fn, marker: Path):
+    """The running-total query with `fn` (running_total with a hook that watches the file `marker`)."""
+    def build(spark):
+        return (events.read(spark).withWatermark("ts", "5 seconds").groupBy("k")
+                .applyInPandasWithState(functools.partial(fn, str(marker)), OUTPUT_SCHEMA,
+                                        STATE_SCHEMA, "update", "EventTimeTimeout"))
+    return build
+
+
 def build_query(events: JsonStream, timeout: str, mode: str):
     def build(spark):
         from pyspark.sql.streaming.state import GroupStateTimeout

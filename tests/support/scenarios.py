@@ -160,8 +160,8 @@ TIMEOUTS = Scenario("apply_in_pandas_timeouts", lambda spark, events: _timeouts(
 
 def run_scenario(spark: SparkSession, workdir: Path, scenario: Scenario, *, tested: str,
                  options: dict | None = None, between: Callable[[Twin], None] | None = None,
-                 conf: dict | None = None) -> Twin:
-    """Runs ``scenario`` phase by phase on HDFS and on ``tested``; returns the finished Twin.
+                 conf: dict | None = None, reference: str = "hdfs") -> Twin:
+    """Runs ``scenario`` phase by phase on HDFS (or ``reference``) and on ``tested``; returns the finished Twin.
 
     ``between(twin)`` is called after each phase but the last, the queries stopped (rescale, savepoint and
     restore happen there). ``conf``: Spark conf of both queries, beside the scenario's own."""
@@ -171,7 +171,7 @@ def run_scenario(spark: SparkSession, workdir: Path, scenario: Scenario, *, test
         return scenario.build(session, **{name: s.read(session) for name, s in streams.items()})
 
     twin = Twin(spark, workdir, build, mode=scenario.mode, tested=tested, options=options,
-                conf={**scenario.conf, **(conf or {})})
+                conf={**scenario.conf, **(conf or {})}, reference=reference)
     for i, phase in enumerate(scenario.phases):
         for step in phase:
             for name, rows in step.items():

@@ -33,6 +33,9 @@ from spark_state.spark.config import KEYWORDS, option_conf
 from tests.support.paths import LOG4J, pythonpath_with_root
 
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+#: Spark's checkpoint format: 2 names every state store version by a checkpoint id (Spark's HDFS provider refuses it)
+CHECKPOINT_FORMAT = "spark.sql.streaming.stateStore.checkpointFormatVersion"
 SPARK_STATE_PROVIDER = PROVIDER_CLASS
 PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
 NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
@@ -86,13 +89,13 @@ def _apply_conf(spark: SparkSession, conf: Mapping[str, str | None]) -> None:
 
 
 def provider_conf(provider: str, **options: Any) -> dict[str, str | None]:
-    """The SQL confs that select ``provider`` ("spark_state" or "hdfs") with spark_state ``options``."""
-    if provider == "hdfs":
+    """The SQL confs that select ``provider`` ("spark_state", "hdfs" or "rocksdb") with spark_state ``options``."""
+    if provider in ("hdfs", "rocksdb"):
         if options:
-            raise TypeError(f"the HDFS provider takes no spark_state options, got {sorted(options)}")
-        return {PROVIDER_KEY: HDFS_PROVIDER}
+            raise TypeError(f"Spark's {provider} provider takes no spark_state options, got {sorted(options)}")
+        return {PROVIDER_KEY: HDFS_PROVIDER if provider == "hdfs" else ROCKSDB_PROVIDER}
     if provider != "spark_state":
-        raise ValueError(f"unknown provider {provider!r}; use 'spark_state' or 'hdfs'")
+        raise ValueError(f"unknown provider {provider!r}; use 'spark_state', 'hdfs' or 'rocksdb'")
     conf: dict[str, str | None] = {PROVIDER_KEY: SPARK_STATE_PROVIDER}
     conf.update({PREFIX + KEYWORDS[name]: None for name, value in options.items() if value is None})
     conf.update(option_conf(**{name: value for name, value in options.items() if value is not None}))
@@ -230,7 +233,8 @@ class Query:
 
 
 class Twin:
-    """The same query on the HDFS provider (reference) and on the provider under test.
+    """The same query on the HDFS provider (reference; ``reference="rocksdb"`` for what HDFS cannot run, such as
+    checkpoint format v2) and on the provider under test.
 
     Both read the same input files; ``run()`` runs one phase of each (start,
     process everything available, stop), so calling it again after adding
@@ -239,10 +243,10 @@ class Twin:
 
     def __init__(self, spark: SparkSession, workdir: Path, build: Callable[[SparkSession], DataFrame], *,
                  mode: str = "update", tested: str = "spark_state", options: dict | None = None,
-                 conf: dict | None = None):
+                 conf: dict | None = None, reference: str = "hdfs"):
         self.workdir = Path(workdir)
         opts = dict(options or {}) if tested == "spark_state" else {}
-        self.ref = Query(spark, build, self.workdir / "ckpt-hdfs", mode=mode, provider="hdfs",
+        self.ref = Query(spark, build, self.workdir / f"ckpt-{reference}", mode=mode, provider=reference,
                          conf=dict(conf or {}))
         self.test = Query(spark, build, self.workdir / "ckpt-test", mode=mode, provider=tested,
                           options=opts, conf=dict(conf or {}))
@@ -257,7 +261,7 @@ class Twin:
 
 
 def _diff(ref: dict, got: dict) -> str:
-    lines = ["output differs from the HDFS provider's (batch: expected / got):"]
+    lines = ["output differs from the reference provider's (batch: expected / got):"]
     for b in sorted(set(ref) | set(got)):
         if ref.get(b) != got.get(b):
             lines.append(f"  batch {b}:\n    expected {ref.get(b)}\n    got      {got.get(b)}")

@@ -4,6 +4,7 @@ It imports nothing from this repository (only spark_state and pyspark), so it pr
 install works on its own: from a wheel, beside any supported pyspark, with no JDK.
 
     python wheel_app.py WORKDIR PHASE [--configure] [--master URL] [--option key=value ...]
+                        [--checkpoint-format N]
 
 Phase N adds input file N under WORKDIR/events and runs a running-total
 ``applyInPandasWithState`` query once (availableNow) from WORKDIR/checkpoint; run phase 1,
@@ -16,7 +17,8 @@ the provider-contract check (abstract methods the shim classes leave
 unimplemented on this Spark), each key's latest total and the Python that ran the UDF; from
 phase 2 on also the state's history: Spark's change feed and snapshot replay
 (``SupportsFineGrainedReplay``, whose signatures differ between Spark 4.0 and 4.1+) and
-``spark_state.read_changes``.
+``spark_state.read_changes``. ``--checkpoint-format 2`` runs the query with Spark's checkpoint format v2
+(state store checkpoint ids); the result then names the ids of the last commit log entry (``unique_ids``).
 """
 
 from __future__ import annotations
@@ -105,6 +107,15 @@ def history(spark, checkpoint: Path) -> dict:
     }
 
 
+def unique_ids(checkpoint: Path):
+    """``stateUniqueIds`` of the checkpoint's last commit log entry (checkpoint format v2), else None."""
+    commits = [int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()]
+    if not commits:
+        return None
+    lines = (checkpoint / "commits" / str(max(commits))).read_text().splitlines()
+    return json.loads(lines[1]).get("stateUniqueIds") if len(lines) > 1 else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("workdir", type=Path)
@@ -112,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configure", action="store_true", help="use spark_state.configure(builder)")
     parser.add_argument("--master", help="master URL (omit under spark-submit)")
     parser.add_argument("--option", action="append", default=[], help="spark_state option key=value")
+    parser.add_argument("--checkpoint-format", type=int, choices=(1, 2),
+                        help="spark.sql.streaming.stateStore.checkpointFormatVersion (default: Spark's)")
     args = parser.parse_args(argv)
 
     from pyspark.sql import SparkSession
@@ -129,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                .config("spark.sql.shuffle.partitions", "2"))
     if args.master:
         builder = builder.master(args.master)
+    if args.checkpoint_format:
+        builder = builder.config("spark.sql.streaming.stateStore.checkpointFormatVersion", str(args.checkpoint_format))
     if args.configure:
         options = dict(o.split("=", 1) for o in args.option)
         builder = spark_state.configure(builder, **options)
@@ -164,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         "python_version": "%d.%d" % sys.version_info[:2],
         "pid": os.getpid(),
         "history": history(spark, args.workdir / "checkpoint") if args.phase > 1 else None,
+        "unique_ids": unique_ids(args.workdir / "checkpoint"),
     }
     spark.stop()
     print("RESULT " + json.dumps(result), flush=True)

@@ -110,7 +110,7 @@ def test_an_offset_file_cut_after_its_version_line_is_truncated():
         OffsetSeq.parse(b"v1", "offsets/7")
 
 
-@pytest.mark.parametrize("data,message", [(b"v2\n{}", "log format v2"), (b"x\n{}", "version line"),
+@pytest.mark.parametrize("data,message", [(b"v3\n{}", "log format v3"), (b"x\n{}", "version line"),
                                           (b"v1\n{", "not JSON")])
 def test_bad_commit_files_are_clear_errors(data, message):
     with pytest.raises(CheckpointError, match=message):

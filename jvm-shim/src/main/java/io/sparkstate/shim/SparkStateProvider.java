@@ -65,6 +65,10 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
    * allocate for its size (a log grows past it when needed).
    */
   private static final long MAX_EXPECTED_CHANGES = 1 << 20;
+  /** Spark 4.1+'s row checksums of its own providers (spark_state's files carry CRCs of their own). */
+  private static final String ROW_CHECKSUM_CONF = "spark.sql.streaming.stateStore.rowChecksum.enabled";
+  private static final java.util.concurrent.atomic.AtomicBoolean ROW_CHECKSUM_NOTED =
+      new java.util.concurrent.atomic.AtomicBoolean();
 
   // StateStoreProvider trait fields
   private ReentrantReadWriteLock maintenanceLock;
@@ -78,6 +82,11 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
   private Configuration hadoopConf;
   private RowFormat format;
   private KeyHasher hasher;
+  /**
+   * Spark names versions by checkpoint id (checkpoint format v2): each commit's id is its commit id, and
+   * getStore(v, id) loads that very commit of v (docs/consistency.md, rule 7).
+   */
+  private boolean checkpointIds;
   /** What the local tier knows of this store. */
   private StoreSpec spec;
   private volatile StoreClient client;
@@ -157,9 +166,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     if (useMultipleValuesPerKey) {
       throw Unsupported.multipleValues("a store with useMultipleValuesPerKey=true", this);
     }
-    if (storeConf.enableStateStoreCheckpointIds()) {
-      throw Unsupported.checkpointIds(this);
-    }
+    this.checkpointIds = storeConf.enableStateStoreCheckpointIds();
     if (keyStateEncoderSpec instanceof PrefixKeyScanStateEncoderSpec) {
       this.numColsPrefixKey = ((PrefixKeyScanStateEncoderSpec) keyStateEncoderSpec).numColsPrefixKey();
     } else if (keyStateEncoderSpec instanceof NoPrefixKeyStateEncoderSpec) {
@@ -168,7 +175,13 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
       throw Unsupported.rangeScans(this, keyStateEncoderSpec);
     }
 
-    Options options = Options.from(CollectionConverters.asJava(storeConf.sqlConfs()));
+    java.util.Map<String, String> confs = CollectionConverters.asJava(storeConf.sqlConfs());
+    if ("true".equalsIgnoreCase(confs.get(ROW_CHECKSUM_CONF)) && ROW_CHECKSUM_NOTED.compareAndSet(false, true)) {
+      LOG.info("spark_state: {}=true is a setting of Spark's own providers; spark_state checks every state file it "
+          + "reads by the CRC-32 of each file, record batch and row-image block instead (docs/configuration.md, "
+          + "\"Checksums: what covers what\")", ROW_CHECKSUM_CONF);
+    }
+    Options options = Options.from(confs);
     WorkerClient worker = WorkerClient.get();
     Engine.executor().budget().setLimit(StoreClient.validate(worker, options));
     Engine.executor().setImageCacheSize(StoreClient.imageCacheSize(worker, options));
@@ -183,7 +196,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
           + "schema {} or value schema {}", this, keySchema.simpleString(), valueSchema.simpleString());
     }
     createStoreDirectory();
-    this.client = new StoreClient(worker, stateStoreId, options);
+    this.client = new StoreClient(worker, stateStoreId, options, checkpointIds);
   }
 
   /**
@@ -237,7 +250,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
       open = null;
     }
     long restarts = client.restarts();
-    refreshLive(version);
+    refreshLive(version, lineage(uniqueId));
     live.rows.endBatch();
     Engine engine = Engine.executor();
     ChangeStream stream = new ChangeStream(client, version + 1, engine::newLocalFile, engine.budget());
@@ -252,22 +265,28 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
   public synchronized ReadStateStore getReadStore(long version, Option<String> uniqueId) {
     checkVersion(version, uniqueId);
     if (open == null) {
-      refreshLive(version);
+      refreshLive(version, lineage(uniqueId));
       liveReaders++;
       return new SparkStateReadStore(this, live, false);
     }
     // A write store is open: read a private copy so it cannot see uncommitted changes.
     noteQueryId();
-    return new SparkStateReadStore(this, load(version, null), true);
+    return new SparkStateReadStore(this, load(version, null, lineage(uniqueId)), true);
   }
 
   private void checkVersion(long version, Option<String> uniqueId) {
     if (version < 0) {
       throw new IllegalArgumentException("spark_state: cannot get version " + version + " of " + this);
     }
-    if (uniqueId.isDefined()) {
-      throw Unsupported.checkpointIds(this);
-    }
+  }
+
+  /** The commit of a version Spark names (checkpoint format v2), or null: the version's latest commit. */
+  private static String lineage(Option<String> uniqueId) {
+    return uniqueId != null && uniqueId.isDefined() ? uniqueId.get() : null;
+  }
+
+  boolean checkpointIds() {
+    return checkpointIds;
   }
 
   /**
@@ -276,14 +295,14 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
    * another executor, a speculative copy) may have re-committed that version since, and the next
    * commit must not build on state nobody has.
    */
-  private void refreshLive(long version) {
+  private void refreshLive(long version, String lineage) {
     noteQueryId();
     StateVersion held = live != null && live.version == version ? live : null;
     long t0 = System.nanoTime();
     StateVersion before = live;
     live = null;
     try {
-      live = load(version, held);
+      live = load(version, held, lineage);
     } finally {
       if (before != null && (live == null || before.rows != live.rows)) {
         before.rows.close();
@@ -304,19 +323,20 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
 
   /**
    * {@code version} from the worker (version 0 is empty without asking); {@code known} itself when it
-   * is that version and storage still holds its commit.
+   * is that version and storage still holds its commit. {@code lineage}: the commit of the version Spark
+   * names (checkpoint format v2), null for the version's latest commit.
    */
-  private StateVersion load(long version, StateVersion known) {
+  private StateVersion load(long version, StateVersion known, String lineage) {
     if (version == 0) {
       return known != null ? known : new StateVersion(newMap(0), 0, null, format.typed());
     }
     long t0 = System.nanoTime();
     String knownId = known == null ? null : known.commitId;
     boolean lazy = !IMAGES_FAILED.contains(stateStoreId.toString());
-    StateVersion loaded = client.load(version, knownId, lazy, (rows, commitId, image, state) ->
+    StateVersion loaded = client.load(version, knownId, lineage, lazy, (rows, commitId, image, state) ->
         image == null ? decodeWhole(version, rows, commitId, state) : onImage(version, rows, commitId, image, state));
     if (loaded == IMAGE_UNUSABLE) {
-      loaded = client.load(version, knownId, false, (rows, commitId, image, state) ->
+      loaded = client.load(version, knownId, lineage, false, (rows, commitId, image, state) ->
           decodeWhole(version, rows, commitId, state));
     }
     if (loaded == null) {
@@ -404,9 +424,9 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
    * Ships {@code store}'s batch as the next version: its change log, or its whole rows when storage
    * holds the base version in the other format (executors that disagree on it: typed changes cannot
    * build on opaque files, nor the reverse); the worker refuses it if storage holds another base
-   * commit. Makes the new version the live one; returns the bytes the worker wrote.
+   * commit. Makes the new version the live one; returns the worker's reply (bytes written, the new commit id).
    */
-  long commit(SparkStateStore store, ChangeLog changes, ChangeStream stream) {
+  StoreClient.Committed commit(SparkStateStore store, ChangeLog changes, ChangeStream stream) {
     StateVersion base = store.base;
     long newVersion = base.version + 1;
     boolean whole = base.needsWholeCommit(format);
@@ -444,7 +464,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
       }
       closeLiveIfUnused();
     }
-    return reply.bytes;
+    return reply;
   }
 
   /** The store's rows hold uncommitted changes: drop them, the next store reloads its version. */
@@ -495,8 +515,8 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
       Option<String> startStateStoreCkptId, Option<String> endStateStoreCkptId) {
     checkVersion(snapshotVersion, startStateStoreCkptId);
     checkVersion(endVersion, endStateStoreCkptId);
-    return new SparkStateStore(this, history().replay(snapshotVersion, endVersion), format.newChangeLog(0, null), null, 0,
-        0, client.restarts());
+    return new SparkStateStore(this, replayed(snapshotVersion, endVersion, endStateStoreCkptId),
+        format.newChangeLog(0, null), null, 0, 0, client.restarts());
   }
 
   /** Spark 4.0. */
@@ -508,7 +528,23 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
       Option<String> startStateStoreCkptId, Option<String> endStateStoreCkptId) {
     checkVersion(snapshotVersion, startStateStoreCkptId);
     checkVersion(endVersion, endStateStoreCkptId);
-    return new SparkStateReadStore(this, history().replay(snapshotVersion, endVersion), true);
+    return new SparkStateReadStore(this, replayed(snapshotVersion, endVersion, endStateStoreCkptId), true);
+  }
+
+  /**
+   * A replay reads each version's latest commit: under checkpoint format v2 the end version must be the commit
+   * Spark names, else the replay would show another attempt's state.
+   */
+  private StateVersion replayed(long snapshotVersion, long endVersion, Option<String> endId) {
+    StateVersion version = history().replay(snapshotVersion, endVersion);
+    String wanted = lineage(endId);
+    if (wanted != null && !wanted.equals(version.commitId)) {
+      version.rows.close();
+      throw new IllegalStateException("spark_state: " + this + " cannot replay version " + endVersion
+          + " as checkpoint " + wanted + ": storage's latest commit of that version is " + version.commitId
+          + " (another attempt of its batch wrote last). Read the state at that batch without snapshotStartBatchId.");
+    }
+    return version;
   }
 
   /** Spark 4.0. */

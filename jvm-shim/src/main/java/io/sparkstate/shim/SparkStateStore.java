@@ -4,6 +4,7 @@ import io.sparkstate.shim.codec.ChangeLog;
 import io.sparkstate.shim.engine.LocalStats;
 import io.sparkstate.shim.engine.StateMap;
 import io.sparkstate.shim.worker.ChangeStream;
+import io.sparkstate.shim.worker.StoreClient;
 import org.apache.spark.TaskContext;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.execution.streaming.state.KeyStateEncoderSpec;
@@ -36,6 +37,8 @@ final class SparkStateStore extends StoreView implements StateStore {
   private final long restartsAtStart;
   private long commitTimeMs;
   private long bytesWritten;
+  /** The commit id of the version this store committed (null before its commit). */
+  private volatile String committedId;
 
   SparkStateStore(SparkStateProvider provider, StateVersion base, ChangeLog changes, ChangeStream stream,
       long loadTimeMs, long rowsLoaded, long restartsAtStart) {
@@ -82,7 +85,9 @@ final class SparkStateStore extends StoreView implements StateStore {
     checkUpdating("commit");
     long t0 = System.nanoTime();
     commitSent = true;
-    bytesWritten = provider.commit(this, changes, stream);
+    StoreClient.Committed reply = provider.commit(this, changes, stream);
+    bytesWritten = reply.bytes;
+    committedId = reply.commitId;
     commitTimeMs = (System.nanoTime() - t0) / 1_000_000L;
     state = State.COMMITTED;
     return base.version + 1;
@@ -116,10 +121,16 @@ final class SparkStateStore extends StoreView implements StateStore {
         provider.maintenanceFailures());
   }
 
+  /**
+   * Under checkpoint format v2 a version's checkpoint id is its commit id: the one this store committed, and
+   * its base's (none for version 0). Spark's commit log records the id of the attempt that won, and the next
+   * batch (or a restart) loads exactly that commit ({@code getStore(version, uniqueId)}).
+   */
   @Override
   public StateStoreCheckpointInfo getStateStoreCheckpointInfo() {
+    boolean ids = provider.checkpointIds();
     return new StateStoreCheckpointInfo(provider.stateStoreId().partitionId(), base.version + 1,
-        scala.Option.empty(), scala.Option.empty());
+        scala.Option.apply(ids ? committedId : null), scala.Option.apply(ids ? base.commitId : null));
   }
 
   @Override

@@ -1,5 +1,6 @@
 package io.sparkstate.shim;
 
+import java.util.Arrays;
 import java.util.Collections;
 import java.util.Iterator;
 
@@ -44,6 +45,18 @@ abstract class StoreView implements ReadStateStore {
   public UnsafeRow get(UnsafeRow key, String colFamilyName) {
     Unsupported.checkColumnFamily(colFamilyName, provider);
     return rows.get(key);
+  }
+
+  /** Spark 4.2+: deduplication's lookup (no value is copied). */
+  public boolean keyExists(UnsafeRow key, String colFamilyName) {
+    Unsupported.checkColumnFamily(colFamilyName, provider);
+    return rows.containsKey(key);
+  }
+
+  /** Spark 4.2+: the values of a batch of keys, in their order (null where absent). */
+  public scala.collection.Iterator<UnsafeRow> multiGet(UnsafeRow[] keys, String colFamilyName) {
+    Unsupported.checkColumnFamily(colFamilyName, provider);
+    return CollectionConverters.asScala(Arrays.asList(rows.getAll(keys)).iterator());
   }
 
   @Override

@@ -34,11 +34,6 @@ final class Unsupported {
         + "transformWithState / transformWithStateInPandas (ListState); run those with " + ROCKSDB);
   }
 
-  static UnsupportedOperationException checkpointIds(Object provider) {
-    return new UnsupportedOperationException("spark_state: " + provider + " does not support "
-        + "spark.sql.streaming.stateStore.checkpointFormatVersion > 1 (state store checkpoint ids); set it to 1.");
-  }
-
   static UnsupportedOperationException rangeScans(Object provider, Object encoderSpec) {
     return new UnsupportedOperationException("spark_state: " + provider + " does not support the key encoder "
         + encoderSpec + " (range scans); spark_state supports plain and prefix-scan keys.");

@@ -47,6 +47,28 @@ public interface StateMap {
   UnsafeRow get(UnsafeRow key);
 
   /**
+   * Whether the key is present (Spark 4.2's {@code keyExists}, deduplication's lookup). A map whose lower levels
+   * have key filters answers an absent key from them without reading a block, as {@code get} does.
+   */
+  default boolean containsKey(UnsafeRow key) {
+    return get(key) != null;
+  }
+
+  /**
+   * The values of {@code keys} (null where absent), in their order (Spark 4.2's {@code multiGet}). Each value is
+   * a copy (a lookup's row may share buffers with the next lookup's). This default
+   * looks each key up alone; a map may sort the lookups by sort key so that each block is read once.
+   */
+  default UnsafeRow[] getAll(UnsafeRow[] keys) {
+    UnsafeRow[] out = new UnsafeRow[keys.length];
+    for (int i = 0; i < keys.length; i++) {
+      UnsafeRow v = get(keys[i]);
+      out[i] = v == null ? null : v.copy();
+    }
+    return out;
+  }
+
+  /**
    * Sets the key's value (copying both rows); answers {@link #ABSENT}, {@link #HELD}, {@link #CHANGED} or
    * {@link #UNCHANGED}.
    */

@@ -137,6 +137,7 @@ public final class StoreClient {
   }
 
   private final WorkerClient worker;
+  private final boolean lineages;
   private final Options options;
   private final ObjectNode optionsNode;
   private final LongAdder restarts = new LongAdder();
@@ -144,6 +145,15 @@ public final class StoreClient {
   private volatile ObjectNode store;
 
   public StoreClient(WorkerClient worker, StateStoreId id, Options options) {
+    this(worker, id, options, false);
+  }
+
+  /**
+   * {@code lineages}: Spark names versions by checkpoint id (checkpoint format v2): every commit keeps its
+   * manifest loadable by its commit id and builds on the base commit it names (docs/protocol.md, "Lineages").
+   */
+  public StoreClient(WorkerClient worker, StateStoreId id, Options options, boolean lineages) {
+    this.lineages = lineages;
     this.worker = worker;
     this.options = options;
     this.optionsNode = optionsNode(options);
@@ -210,10 +220,21 @@ public final class StoreClient {
    * up in row images, so the worker may name the snapshot's image and send only the changes after it.
    */
   public <T> T load(long version, String knownCommitId, boolean images, Loader<T> loader) {
+    return load(version, knownCommitId, null, images, loader);
+  }
+
+  /**
+   * {@code load} of one commit of {@code version}: {@code checkpointId} (null: the latest commit) is the commit
+   * id Spark names the version by (checkpoint format v2); the worker fails when storage holds no such commit.
+   */
+  public <T> T load(long version, String knownCommitId, String checkpointId, boolean images, Loader<T> loader) {
     ObjectNode h = request(OP_LOAD);
     h.put("version", version);
     if (knownCommitId != null) {
       h.put("commitId", knownCommitId);
+    }
+    if (checkpointId != null) {
+      h.put("checkpointId", checkpointId);
     }
     if (images) {
       h.put("images", true);
@@ -291,6 +312,9 @@ public final class StoreClient {
     if (stream != null) {
       h.put("stream", stream);
       h.put("chunks", chunks);
+    }
+    if (lineages) {
+      h.put("lineage", true);
     }
     h.put("version", version);
     h.put("baseCommitId", baseCommitId);
