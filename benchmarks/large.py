@@ -355,6 +355,13 @@ def report(results: list[dict], out: Path, command: str) -> None:
         for provider in sorted({r["provider"] for r in results if r["keys"] == keys}):
             phases = _metrics(results, provider, keys)["outcome"]
             lines.append(f"- {provider}: " + ", ".join(f"{ph} {o}" for ph, o in phases.items()))
+        shares = [(r["provider"], r["rss_at_peak"]) for r in results
+                  if r["keys"] == keys and r["phase"] == "build" and r.get("rss_at_peak")]
+        if shares:
+            lines += ["", "Resident memory at the build's peak, by process (MiB; `java` holds RocksDB's native memory, "
+                      "`python` is spark_state's state worker):", ""]
+            lines += [f"- {provider}: " + ", ".join(f"{kind} {rss / 2**20:,.0f}" for kind, rss in sorted(by.items())
+                                                     if rss) for provider, by in shares]
         lines.append("")
     lines += ["Raw records (every batch, GC time, the spark_state metrics of each batch): `results.json`.", ""]
     (out / "results.md").write_text("\n".join(lines))

@@ -44,11 +44,16 @@ def test_a_query_on_s3_restores_from_row_images_read_by_range_and_matches_hdfs(s
                          "row_images_min_rows": 0, "row_image_range_reads": True},
                 conf={"spark.sql.streaming.stateStore.unloadOnCommit": "true"})
     engine = spark._jvm.io.sparkstate.shim.engine.Engine.executor()
+    worker = spark._jvm.io.sparkstate.shim.worker
+    options = getattr(worker.Options, "from")(spark._jvm.java.util.HashMap())
     before = list(engine.remoteFetches())
     for phase in range(4):
         events.add([{"k": k} for k in range(phase * 500, phase * 500 + 3000, 7)])
         events.add([{"k": k * 13} for k in range(200)])
         twin.run()   # a restart of each query; each batch restores its stores
+        # the images of the versions just committed are written in the background by the suite's one worker,
+        # after what earlier tests queued: wait for them, so the next restart finds them
+        assert worker.WorkerClient.get().drain(options, 120_000) == 0
     twin.assert_same()
     fetched, requests = (a - b for a, b in zip(engine.remoteFetches(), before))
     assert requests > 0 and fetched > 0, "no restore read a row image on S3 by range"
