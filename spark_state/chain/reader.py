@@ -103,6 +103,8 @@ class Loaded:
     chain's snapshot and ``table`` only the changes after it (each key's last write, deletes as null values;
     None when there are none); ``file_format`` says whether the chain holds typed or opaque rows.
     ``keys``: how many keys the version holds, when known without counting them (``VersionView.keys``).
+    ``bytes_read``: bytes of checkpoint data files the load read from storage (the chain's files, a row image
+    downloaded whole or its tail read by range; not manifests, nor a local image it only names).
     """
 
     table: pa.Table | None
@@ -110,6 +112,7 @@ class Loaded:
     image: ImageFile | None = None
     file_format: int | None = None
     keys: int | None = None
+    bytes_read: int = 0
 
 
 class ChainReader:
@@ -213,8 +216,9 @@ class ChainReader:
         try:
             self.check_parallelism(manifest)
             wanted = None if key_groups is None else as_key_group_array(key_groups, manifest.max_parallelism)
+            tally: list[int] = []
             try:
-                tables = self.read_chain(chain, wanted)
+                tables = self.read_chain(chain, wanted, tally)
             except StorageError:
                 self._raise_if_dropped(version)
                 raise
@@ -226,7 +230,7 @@ class ChainReader:
                 log.warning("%s version %d holds %d keys, its manifest says %d (the count a shim sent with the "
                             "commit was wrong); the rows read are the truth", self.ctx.name, version,
                             table.num_rows, view.keys)
-            return Loaded(table, manifest.commit_id, keys=table.num_rows)
+            return Loaded(table, manifest.commit_id, keys=table.num_rows, bytes_read=sum(tally))
         finally:
             locks.unpin(f.path for f in chain)
 
@@ -259,27 +263,31 @@ class ChainReader:
             self.check_parallelism(view.manifest)
             remote = ranges and self.ctx.settings.row_image_range_reads and self.ctx.storage.local_path(
                 base.image.path) is None
+            tally: list[int] = []
             if remote:   # the tail and the changes at once: one round trip of the storage, not two
                 pending = _read_pool().submit(self._image_tail, base.image)
                 try:
-                    changes = self._changes(version, chain)
+                    changes = self._changes(version, chain, tally)
                 finally:
                     image = pending.result()
+                image_bytes = 0 if image is None else image.tail.size
             else:
                 image = self._image_file(base.image, cache_dir)
                 if image is not None:
-                    changes = self._changes(version, chain)
+                    changes = self._changes(version, chain, tally)
+                image_bytes = image.size if image is not None and image.temporary else 0
             if image is None:
                 return self.load_checked(version, known_commit_id, ordered=False, lineage=lineage)
-            return Loaded(changes, view.manifest.commit_id, image, base.file_format, view.keys)
+            return Loaded(changes, view.manifest.commit_id, image, base.file_format, view.keys,
+                          bytes_read=sum(tally) + image_bytes)
         finally:
             locks.unpin(f.path for f in chain[1:])
             locks.unpin(base.paths)
 
-    def _changes(self, version: int, chain) -> pa.Table | None:
+    def _changes(self, version: int, chain, tally: list[int]) -> pa.Table | None:
         """The changes after a chain's snapshot, each key's last write (``fold_changes``)."""
         try:
-            return fold_changes(self.read_chain(chain[1:], None))
+            return fold_changes(self.read_chain(chain[1:], None, tally))
         except StorageError:
             self._raise_if_dropped(version)
             raise
@@ -339,36 +347,47 @@ class ChainReader:
 
     # ------------------------------------------------------------- data files
 
-    def read_chain(self, entries, key_groups: np.ndarray | None) -> list[pa.Table]:
-        """The rows of each entry, in order (``read``); from remote storage up to READ_AHEAD files at once."""
+    def read_chain(self, entries, key_groups: np.ndarray | None, tally: list[int] | None = None) -> list[pa.Table]:
+        """The rows of each entry, in order (``read``); from remote storage up to READ_AHEAD files at once.
+        `tally`: gets the byte count of each read from storage appended (a list: appends are thread safe)."""
         entries = list(entries)
         if len(entries) < 2 or not self.ctx.storage.remote:
-            return [self.read(entry, key_groups) for entry in entries]
-        return list(_read_pool().map(lambda entry: self.read(entry, key_groups), entries))
+            return [self.read(entry, key_groups, tally) for entry in entries]
+        return list(_read_pool().map(lambda entry: self.read(entry, key_groups, tally), entries))
 
-    def read(self, entry: FileEntry, key_groups: np.ndarray | None) -> pa.Table:
-        """The rows of one chain entry (all, or only `key_groups`), verified as read."""
+    def read(self, entry: FileEntry, key_groups: np.ndarray | None, tally: list[int] | None = None) -> pa.Table:
+        """The rows of one chain entry (all, or only `key_groups`), verified as read (`tally`: as ``read_chain``)."""
         if entry.is_slice:
-            return self._read_slice(entry, key_groups)
-        return self._read_file(self.ctx.storage, entry, key_groups)
+            return self._read_slice(entry, key_groups, tally)
+        return self._read_file(self.ctx.storage, entry, key_groups, tally)
 
-    def _read_file(self, storage: CheckpointStorage, entry: FileEntry, key_groups: np.ndarray | None) -> pa.Table:
+    def _read_file(self, storage: CheckpointStorage, entry: FileEntry, key_groups: np.ndarray | None,
+                   tally: list[int] | None = None) -> pa.Table:
         settings = self.ctx.settings
         verify = settings.verify_checksums
         name = f"{storage.root}/{entry.path}"
         if key_groups is None:
             data = storage.read_file(entry.path, entry.size)
+            if tally is not None:
+                tally.append(len(data))
             if verify:
                 datafile.check_whole(data, name, entry.size, entry.checksum)
             return datafile.decode(data, name, settings.max_parallelism, verified=verify)
         if len(key_groups) == 0 and not entry.typed:
             return empty_table()
-        return datafile.read_key_groups(lambda ranges: storage.read_ranges(entry.path, ranges), name,
+
+        def read_ranges(ranges):
+            chunks = storage.read_ranges(entry.path, ranges)
+            if tally is not None:
+                tally.append(sum(len(c) for c in chunks))
+            return chunks
+        return datafile.read_key_groups(read_ranges, name,
                                         entry.index_offset, entry.index_length, entry.index_checksum,
                                         key_groups, verify, file_format=entry.file_format,
                                         max_parallelism=settings.max_parallelism, checksum=entry.checksum)
 
-    def _read_slice(self, entry: FileEntry, key_groups: np.ndarray | None) -> pa.Table:
+    def _read_slice(self, entry: FileEntry, key_groups: np.ndarray | None,
+                    tally: list[int] | None = None) -> pa.Table:
         """The rows of a (maybe another partition's) file that belong here: whole key groups by byte range,
         filtered by hash when the slice's modulus does not divide the max parallelism."""
         storage = self.ctx.storage if entry.partition is None else self.sibling(entry.partition)
@@ -376,7 +395,7 @@ class ChainReader:
         if entry.modulus is not None:
             kgs, by_hash = slice_key_groups(entry.modulus, entry.residue, self.ctx.settings.max_parallelism)
             wanted = kgs if key_groups is None else np.intersect1d(kgs, key_groups, assume_unique=True)
-        table = self._read_file(storage, entry, wanted)
+        table = self._read_file(storage, entry, wanted, tally)
         return filter_residue(table, entry.modulus, entry.residue) if by_hash else table
 
     def open_entry(self, entry: FileEntry) -> "EntryReader":

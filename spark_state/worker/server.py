@@ -188,7 +188,8 @@ class Dispatcher:
         names the image and the rows are only the changes after it, deletes kept (``image``): a local file, or
         with ``ranges: true`` (the shim fetches blocks with ``fetch``) an image on remote storage, named by its
         path in the store, the body starting with its tail (docs/protocol.md, "Row images on remote storage").
-        ``keys``: the version's exact key count when known without walking the state (absent otherwise)."""
+        ``keys``: the version's exact key count when known without walking the state (absent otherwise).
+        ``bytesRead``: bytes of checkpoint data files the load read from storage (``Loaded.bytes_read``)."""
         version = _int_field(header, "version")
         known = header.get("commitId")
         known = str(known) if known else None
@@ -201,11 +202,11 @@ class Dispatcher:
                                      lineage=lineage or None)
         else:
             loaded = store.load_checked(version, known, ordered=False, lineage=lineage or None)
-        keys = {} if loaded.keys is None else {"keys": loaded.keys}
+        counts = {"bytesRead": loaded.bytes_read, **({} if loaded.keys is None else {"keys": loaded.keys})}
         if loaded.table is None and loaded.image is None:
-            return {"ok": True, "unchanged": True, "commitId": loaded.commit_id, **keys}, b""
+            return {"ok": True, "unchanged": True, "commitId": loaded.commit_id, **counts}, b""
         reply = {"ok": True, "rows": 0 if loaded.table is None else loaded.table.num_rows,
-                 "commitId": loaded.commit_id, **keys}
+                 "commitId": loaded.commit_id, **counts}
         rows = None if loaded.table is None else IpcBody(loaded.table)
         if loaded.image is None:
             return reply, (b"" if rows is None else rows)

@@ -71,6 +71,8 @@ def test_a_lazy_load_from_s3_names_the_image_with_its_tail_and_every_block_reads
     for k, v in row_bytes(loaded.table).items():
         state.pop(k, None) if v is None else state.__setitem__(k, v)
     assert state == row_bytes(typed(live)) == row_bytes(store.load(6))
+    chain = store.reader.view(6).chain
+    assert loaded.bytes_read == image.tail.size + sum(f.size for f in chain[1:]), "the tail and the changes' files"
 
 
 def test_the_tail_takes_one_round_trip_and_a_second_when_the_guess_misses(bucket):

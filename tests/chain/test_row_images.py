@@ -76,6 +76,29 @@ def test_compaction_writes_an_image_and_a_lazy_load_names_it(tmp_path):
     assert_files_of_kept_versions_exist(store)
 
 
+def test_a_load_counts_the_bytes_it_read_from_storage(tmp_path):
+    """``bytes_read`` (the load reply's bytesRead, the sparkStateBytesRead metric): the chain's files of a whole
+    load; of a lazy one only the changes' files when the image is read in place, plus the image when it had to be
+    downloaded; nothing when the caller's copy is current."""
+    for url in (f"file://{tmp_path}/s", f"memory://{tmp_path.name}-bytes"):
+        store = store_on(url, **IMAGES)
+        for v in range(1, 7):
+            store.commit(v, typed({i: v * 10 + i for i in range(v, v + 20)} | {v - 1: None}))
+            if v <= 4:   # versions 5 and 6 stay deltas on the snapshot maintenance wrote
+                store.maintenance(10, v)
+        chain = store.reader.view(6).chain
+        assert len(chain) > 1 and chain[0].image is not None, "the test needs a snapshot with an image and deltas"
+        changes = sum(f.size for f in chain[1:])
+        whole = store.load_checked(6)
+        assert whole.bytes_read == changes + chain[0].size
+        lazy = store.load_lazy(6, cache_dir=str(tmp_path / "cache"))
+        downloaded = chain[0].image.size if lazy.image.temporary else 0
+        assert lazy.image.temporary == url.startswith("memory:"), "memory:// has no local path: its image is copied"
+        assert lazy.bytes_read == changes + downloaded
+        assert store.load_lazy(6, whole.commit_id, cache_dir=str(tmp_path / "cache")).bytes_read == 0
+        assert store.load_checked(6, whole.commit_id).bytes_read == 0
+
+
 def test_a_store_whose_chain_is_one_snapshot_gets_only_its_image(tmp_path):
     store = store_on(f"file://{tmp_path}/s", **IMAGES)
     store.commit(1, typed({i: i for i in range(50)}))

@@ -98,6 +98,33 @@ def counts_with_images(spark, tmp_path):
     return events, query, list((tmp_path / "ckpt" / "state").rglob("*.img"))
 
 
+def custom(query: Query, metric: str, start: int = 0) -> int:
+    """A custom metric of the first stateful operator, summed over the batches from the ``start``-th on."""
+    return sum(op.get("customMetrics", {}).get(metric, 0)
+               for p in query.progress[start:] for op in p.get("stateOperators", [])[:1])
+
+
+def test_progress_says_where_loads_came_from_and_what_they_read(spark, tmp_path):
+    """sparkStateImageLoads counts the stores that restored from their row image (on a local disk: nothing
+    read from storage to open it); with the images gone, the restores decode the rows, and sparkStateBytesRead
+    shows the chain's files they read."""
+    events, query, images = counts_with_images(spark, tmp_path / "lazy")
+    first = len(query.progress)
+    events.add([{"k": k, "n": 1} for k in "abd"])
+    query.run()
+    assert custom(query, "sparkStateImageLoads", first) == len(images), query.progress[first:]
+    assert custom(query, "sparkStateBytesRead", first) == 0, "a local image is opened in place"
+    events, query, images = counts_with_images(spark, tmp_path / "whole")
+    for image in images:
+        image.unlink()
+    first = len(query.progress)
+    events.add([{"k": k, "n": 1} for k in "abd"])
+    query.run()
+    assert sorted(query.outputs[1]) == [("a", 3), ("b", 4), ("d", 1)]
+    assert custom(query, "sparkStateImageLoads", first) == 0
+    assert custom(query, "sparkStateBytesRead", first) > 0 and custom(query, "sparkStateRowsLoaded", first) > 0
+
+
 def test_a_vanished_row_image_costs_only_the_laziness(spark, tmp_path):
     """The snapshot's image deleted under the checkpoint (a disk cleaner): the restore loads the rows."""
     events, query, images = counts_with_images(spark, tmp_path)

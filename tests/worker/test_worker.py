@@ -50,6 +50,10 @@ def test_commit_then_load_round_trips_through_the_socket(worker, tmp_path):
     assert resp["ok"] and resp["rows"] == 2
     loaded = ipc_to_table(body)
     assert sorted(zip(loaded["key"].to_pylist(), loaded["value"].to_pylist())) == [(b"bb", b"2"), (b"ccc", b"3")]
+    store_dir = tmp_path / "ckpt" / "state" / "0" / "1"
+    data_files = [p for p in store_dir.rglob("*") if p.is_file() and p.parent.name == "shared"]
+    assert len(data_files) == 2 and resp["bytesRead"] == sum(p.stat().st_size for p in data_files), (
+        "bytesRead: both versions' files", resp, data_files)
     resp, _ = conn.request({"op": "latest", **base})
     assert resp["version"] == 2
     assert list((tmp_path / "ckpt" / "state" / "0" / "1").iterdir()), "files must be under Spark's store directory"
@@ -123,7 +127,8 @@ def test_commit_ids_guard_against_stale_views(worker, tmp_path):
                        table_to_ipc(_changes([(b"a", b"1")])))
     assert first["ok"] and first["commitId"] and first["maintenanceFailures"] == 0
     same, body = conn.request({"op": "load", "version": 1, "commitId": first["commitId"], **base})
-    assert same == {"ok": True, "unchanged": True, "commitId": first["commitId"], "keys": 1} and body == b""
+    assert same == {"ok": True, "unchanged": True, "commitId": first["commitId"], "keys": 1, "bytesRead": 0}
+    assert body == b""
     retried, _ = conn.request({"op": "commit", "version": 1, "baseCommitId": None, **base},
                          table_to_ipc(_changes([(b"a", b"2")])))
     stale, _ = conn.request({"op": "commit", "version": 2, "baseCommitId": first["commitId"], **base},

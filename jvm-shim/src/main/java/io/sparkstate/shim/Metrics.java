@@ -32,6 +32,12 @@ final class Metrics {
   static final StateStoreCustomMetric ROWS_LOADED = new StateStoreCustomSumMetric(
       "sparkStateRowsLoaded", "spark_state: rows decoded into the heap by the batch's load (0 when the version was "
       + "held, or only its row image's index was read)");
+  static final StateStoreCustomMetric BYTES_READ = new StateStoreCustomSumMetric(
+      "sparkStateBytesRead", "spark_state: bytes of checkpoint files read from storage by the batch's load (chain "
+      + "files, a downloaded row image or its tail)");
+  static final StateStoreCustomMetric IMAGE_LOADS = new StateStoreCustomSumMetric(
+      "sparkStateImageLoads", "spark_state: stores whose load opened the version's row image instead of decoding "
+      + "its rows");
   static final StateStoreCustomMetric SPILLS = new StateStoreCustomSumMetric(
       "sparkStateSpills", "spark_state: times the batch wrote the rows it held on the heap to a run on local disk "
       + "(the memory budget was full)");
@@ -43,22 +49,33 @@ final class Metrics {
 
   /** What {@code StateStoreProvider.supportedCustomMetrics} declares. */
   static final List<StateStoreCustomMetric> ALL = Arrays.asList(
-      COMMIT_TIME, LOAD_TIME, BYTES_WRITTEN, WORKER_RESTARTS, MAINTENANCE_FAILURES, IMAGE_ROWS, ROWS_LOADED, SPILLS,
-      SPILLED_BYTES, RUNS);
+      COMMIT_TIME, LOAD_TIME, BYTES_WRITTEN, WORKER_RESTARTS, MAINTENANCE_FAILURES, IMAGE_ROWS, ROWS_LOADED, BYTES_READ,
+      IMAGE_LOADS, SPILLS, SPILLED_BYTES, RUNS);
 
   private Metrics() {}
 
+  /** What the loads of a store's batch cost: time, rows decoded, bytes read from storage, row images opened. */
+  record Load(long timeMs, long rows, long bytesRead, long images) {
+    static final Load NONE = new Load(0, 0, 0, 0);
+
+    Load plus(Load o) {
+      return new Load(timeMs + o.timeMs, rows + o.rows, bytesRead + o.bytesRead, images + o.images);
+    }
+  }
+
   /** One store's metrics for its batch ({@code atStart}: the rows' stats when the batch began). */
-  static StateStoreMetrics of(StateMap rows, LocalStats atStart, long commitTimeMs, long loadTimeMs, long rowsLoaded,
+  static StateStoreMetrics of(StateMap rows, LocalStats atStart, long commitTimeMs, Load load,
       long bytesWritten, long workerRestarts, long maintenanceFailures) {
     LocalStats now = rows.stats();
     Map<StateStoreCustomMetric, Object> custom = new HashMap<>();
-    custom.put(ROWS_LOADED, rowsLoaded);
+    custom.put(ROWS_LOADED, load.rows());
+    custom.put(BYTES_READ, load.bytesRead());
+    custom.put(IMAGE_LOADS, load.images());
     custom.put(SPILLS, now.spills() - atStart.spills());
     custom.put(SPILLED_BYTES, now.spilledBytes() - atStart.spilledBytes());
     custom.put(RUNS, (long) now.runs());
     custom.put(COMMIT_TIME, commitTimeMs);
-    custom.put(LOAD_TIME, loadTimeMs);
+    custom.put(LOAD_TIME, load.timeMs());
     custom.put(BYTES_WRITTEN, bytesWritten);
     custom.put(WORKER_RESTARTS, workerRestarts);
     custom.put(MAINTENANCE_FAILURES, maintenanceFailures);

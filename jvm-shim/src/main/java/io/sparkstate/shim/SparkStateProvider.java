@@ -113,12 +113,17 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
    * {@code this}.
    */
   private boolean closed;
-  /** Time spent loading {@link #live} not yet reported by a store's metrics. Guarded by {@code this}. */
-  private long unreportedLoadMs;
-  /** Rows loads decoded into the heap not yet reported by a store's metrics. Guarded by {@code this}. */
-  private long unreportedRowsLoaded;
+  /** What loading {@link #live} cost, not yet reported by a store's metrics. Guarded by {@code this}. */
+  private Metrics.Load unreportedLoad = Metrics.Load.NONE;
   /** Rows the last load decoded (the stream's rows). Guarded by {@code this}. */
   private long lastLoadRows;
+  /**
+   * Bytes the worker read from storage for the last load (both requests when an image was unusable). Guarded by
+   * {@code this}.
+   */
+  private long lastLoadBytesRead;
+  /** Whether the last load opened a row image. Guarded by {@code this}. */
+  private boolean lastLoadImage;
   /** The version this provider last loaded or committed (-1: none); maintenance retains around it. */
   private volatile long heldVersion = -1;
   /** The worker's maintenance status of this store, as it last reported it. */
@@ -255,9 +260,8 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     Engine engine = Engine.executor();
     ChangeStream stream = new ChangeStream(client, version + 1, engine::newLocalFile, engine.budget());
     ChangeLog changes = format.newChangeLog(Math.min(lastChanges, MAX_EXPECTED_CHANGES), stream);
-    open = new SparkStateStore(this, live, changes, stream, unreportedLoadMs, unreportedRowsLoaded, restarts);
-    unreportedLoadMs = 0;
-    unreportedRowsLoaded = 0;
+    open = new SparkStateStore(this, live, changes, stream, unreportedLoad, restarts);
+    unreportedLoad = Metrics.Load.NONE;
     return open;
   }
 
@@ -310,8 +314,8 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     }
     heldVersion = version;
     if (live != held) {
-      unreportedLoadMs += (System.nanoTime() - t0) / 1_000_000L;
-      unreportedRowsLoaded += lastLoadRows;
+      unreportedLoad = unreportedLoad.plus(new Metrics.Load((System.nanoTime() - t0) / 1_000_000L, lastLoadRows,
+          lastLoadBytesRead, lastLoadImage ? 1 : 0));
     }
   }
 
@@ -327,6 +331,9 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
    * names (checkpoint format v2), null for the version's latest commit.
    */
   private StateVersion load(long version, StateVersion known, String lineage) {
+    lastLoadRows = 0;
+    lastLoadBytesRead = 0;
+    lastLoadImage = false;
     if (version == 0) {
       return known != null ? known : new StateVersion(newMap(0), 0, null, format.typed());
     }
@@ -335,9 +342,11 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     boolean lazy = !IMAGES_FAILED.contains(stateStoreId.toString());
     StateVersion loaded = client.load(version, knownId, lineage, lazy, (rows, commitId, image, state) ->
         image == null ? decodeWhole(version, rows, commitId, state) : onImage(version, rows, commitId, image, state));
+    lastLoadBytesRead = client.lastLoadBytesRead();
     if (loaded == IMAGE_UNUSABLE) {
       loaded = client.load(version, knownId, lineage, false, (rows, commitId, image, state) ->
           decodeWhole(version, rows, commitId, state));
+      lastLoadBytesRead += client.lastLoadBytesRead();
     }
     if (loaded == null) {
       return known;
@@ -381,6 +390,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     if (restore == null) {
       return IMAGE_UNUSABLE;
     }
+    lastLoadImage = true;
     try {
       boolean typed = image.typed;
       if (changes > 0) {
@@ -516,7 +526,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     checkVersion(snapshotVersion, startStateStoreCkptId);
     checkVersion(endVersion, endStateStoreCkptId);
     return new SparkStateStore(this, replayed(snapshotVersion, endVersion, endStateStoreCkptId),
-        format.newChangeLog(0, null), null, 0, 0, client.restarts());
+        format.newChangeLog(0, null), null, Metrics.Load.NONE, client.restarts());
   }
 
   /** Spark 4.0. */

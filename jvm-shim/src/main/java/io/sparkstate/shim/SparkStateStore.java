@@ -31,8 +31,7 @@ final class SparkStateStore extends StoreView implements StateStore {
   private boolean commitSent;
 
   // metrics of this store's batch
-  private final long loadTimeMs;
-  private final long rowsLoaded;
+  private final Metrics.Load load;
   private final LocalStats atStart;
   private final long restartsAtStart;
   private long commitTimeMs;
@@ -41,12 +40,11 @@ final class SparkStateStore extends StoreView implements StateStore {
   private volatile String committedId;
 
   SparkStateStore(SparkStateProvider provider, StateVersion base, ChangeLog changes, ChangeStream stream,
-      long loadTimeMs, long rowsLoaded, long restartsAtStart) {
+      Metrics.Load load, long restartsAtStart) {
     super(provider, base);
     this.changes = changes;
     this.stream = stream;
-    this.loadTimeMs = loadTimeMs;
-    this.rowsLoaded = rowsLoaded;
+    this.load = load;
     this.atStart = rows.stats();
     this.restartsAtStart = restartsAtStart;
     TaskContext ctx = TaskContext.get();
@@ -116,7 +114,7 @@ final class SparkStateStore extends StoreView implements StateStore {
 
   @Override
   public StateStoreMetrics metrics() {
-    return Metrics.of(rows, atStart, commitTimeMs, loadTimeMs, rowsLoaded, bytesWritten,
+    return Metrics.of(rows, atStart, commitTimeMs, load, bytesWritten,
         provider.workerRestarts() - restartsAtStart,
         provider.maintenanceFailures());
   }

@@ -141,6 +141,8 @@ public final class StoreClient {
   private final Options options;
   private final ObjectNode optionsNode;
   private final LongAdder restarts = new LongAdder();
+  /** Bytes the worker read from checkpoint storage to answer the last {@code load} (its reply's bytesRead). */
+  private volatile long lastLoadBytesRead;
   /** The store's identity as requests send it; replaced whole (never mutated), so requests need no lock. */
   private volatile ObjectNode store;
 
@@ -209,6 +211,14 @@ public final class StoreClient {
     }
   }
 
+  /**
+   * Bytes of checkpoint data files the worker read from storage to answer this store's last {@code load}
+   * (chain files, a row image downloaded whole or its tail; 0 when unchanged).
+   */
+  public long lastLoadBytesRead() {
+    return lastLoadBytesRead;
+  }
+
   /** Worker restarts this store's requests made. */
   public long restarts() {
     return restarts.sum();
@@ -240,9 +250,13 @@ public final class StoreClient {
       h.put("images", true);
       h.put("ranges", true);
     }
-    return send(h, null, (reply, body) -> reply.path("unchanged").asBoolean(false) ? null
-        : loader.read(reply.path("rows").asLong(0), reply.path("commitId").asText(null),
-            reply.hasNonNull("image") ? new Image(reply.get("image"), reply, body) : null, body));
+    lastLoadBytesRead = 0;
+    return send(h, null, (reply, body) -> {
+      lastLoadBytesRead = reply.path("bytesRead").asLong(0);
+      return reply.path("unchanged").asBoolean(false) ? null
+          : loader.read(reply.path("rows").asLong(0), reply.path("commitId").asText(null),
+              reply.hasNonNull("image") ? new Image(reply.get("image"), reply, body) : null, body);
+    });
   }
 
   /** Reads the bytes a {@link #fetch} answers, exactly the ranges' lengths one after the other. */
