@@ -13,7 +13,7 @@ them, as the typed table a compaction holds after reading (``kg, hash, key, valu
 
 Hashes are random int32 (what Murmur3 gives), key groups ``pmod(hash, 100800)``, rows in key-group
 order as a typed snapshot holds them. Reported per data set: the best of ``--repeat`` runs of
-``rowimage.encode`` (zstd level 1, 16 KiB blocks; single-threaded and with 2 compression threads),
+``rowimage.encode`` (zstd level 1, 4 KiB blocks; single-threaded and with 2 compression threads),
 its parts (UnsafeRow encoding of keys and values alone, the zstd pass alone), bytes per row of the
 image, of its raw records and of ``datafile.encode`` (the typed snapshot, zstd 3, dictionaries), and
 the snapshot's own encode time. Writes ``row_images.md`` and ``row_images.json`` into ``--out``
@@ -116,7 +116,7 @@ def measure(name: str, table: pa.Table, repeat: int) -> dict:
 
 def report(results: dict, rows: int) -> str:
     lines = [f"# Row images: encode throughput and bytes, {rows:,} rows", "",
-             "`rowimage.encode` of a typed table (zstd 1, 16 KiB blocks), best of the repeats, beside "
+             "`rowimage.encode` of a typed table (zstd 1, 4 KiB blocks), best of the repeats, beside "
              "`datafile.encode` (the typed snapshot, zstd 3) of the same rows. 2-core machine, shared.", "",
              "| data set | image encode (rows/s) | with 2 zstd threads (rows/s) | UnsafeRow encode of keys+values (s) "
              "| zstd pass alone (s) | image B/row | raw records B/row | typed snapshot B/row | image / snapshot "

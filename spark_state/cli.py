@@ -104,11 +104,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("location")
     p.add_argument("num_partitions", type=int)
 
-    p = sub.add_parser("migrate", parents=[common], help="a new checkpoint on spark_state or Spark's HDFS provider "
-                                                         "(starts a local Spark)")
+    p = sub.add_parser("migrate", parents=[common], help="a new checkpoint on spark_state or Spark's HDFS or RocksDB "
+                                                         "provider (starts a local Spark)")
     p.add_argument("checkpoint", help="checkpoint location of a stopped query (HDFS, RocksDB or spark_state)")
     p.add_argument("target", help="new or empty checkpoint location")
-    p.add_argument("--to", choices=("spark_state", "hdfs"), default="spark_state",
+    p.add_argument("--to", choices=("spark_state", "hdfs", "rocksdb"), default="spark_state",
                    help="the provider the query continues on (default spark_state)")
     return parser
 

@@ -6,7 +6,7 @@
  * line on stdout. Driven by benchmarks/rowimage.py (compiles this file into the shim's package).
  *
  *   java -Xmx6g -cp <classes>:<shim jar>:<pyspark jars>/* io.sparkstate.shim.engine.RowImageBench \
- *        --rows N --dir DIR [--block-bytes 16384] [--cache-mb 64] [--cold 1000] [--warm 1000000]
+ *        --rows N --dir DIR [--block-bytes 4096] [--cache-mb 64] [--cold 1000] [--warm 1000000]
  */
 package io.sparkstate.shim.engine;
 

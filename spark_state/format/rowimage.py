@@ -17,7 +17,7 @@ record     i32 kg (key group, pmod(hash, maxParallelism)), i32 hash (Spark's Mur
            them) and the value's. Both lengths are multiples of 8, so every record starts 8-aligned.
 order      ascending *sort key* ``kg * 2**32 + (hash as unsigned 32-bit)``; equal sort keys in any
            order; a key at most once per file.
-block      records packed while the block's raw size stays <= blockBytes (default 16 KiB; a larger
+block      records packed while the block's raw size stays <= blockBytes (default 4 KiB; a larger
            record gets a block of its own; no record is split), stored as one zstd frame (codec 1)
            or raw (codec 0); blocks follow each other from byte 0 with no gaps.
 index      per block: u64 firstSortKey, u64 lastSortKey, u64 offset, u32 storedLength,
@@ -75,7 +75,7 @@ RAW, ZSTD = 0, 1
 TOMBSTONES = 1
 FILTER = 2
 _FLAGS = {1: TOMBSTONES, 2: TOMBSTONES | FILTER}   # the flags each version knows
-BLOCK_BYTES = 16 * 1024
+BLOCK_BYTES = 4 * 1024
 HEADER_BYTES = 16
 INDEX_ENTRY = np.dtype([("first", "<u8"), ("last", "<u8"), ("offset", "<u8"), ("stored", "<u4"),
                         ("raw", "<u4"), ("crc", "<u4"), ("records", "<u4")])
@@ -603,9 +603,9 @@ def lookup(source, kg: int, h: int, key: bytes, *, name: str = "row image", size
 
 
 #: A remote image's index is fetched with its trailer in one round trip from a guess of where it starts: at
-#: most one block index entry per this many bytes of blocks (a stored 16 KiB block below 2 KiB is rare; a
+#: most one block index entry per this many bytes of blocks (a stored 4 KiB block below 512 bytes is rare; a
 #: smaller one costs a second round trip, never a wrong answer).
-MIN_STORED_BLOCK_GUESS = 2048
+MIN_STORED_BLOCK_GUESS = 512
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Migrate: a stopped query's checkpoint onto spark_state, or off it to Spark's default HDFS provider.
+"""Migrate: a stopped query's checkpoint onto spark_state, or off it to Spark's HDFS or RocksDB provider.
 
 Spark pins ``spark.sql.streaming.stateStore.providerClass`` in the offset log, so a restarted query
 keeps the provider its checkpoint was written with. ``migrate`` writes a **new checkpoint** (like
@@ -11,8 +11,8 @@ next batch, on the other provider:
 - every store's state at ``b`` as version ``b + 1`` of the target provider, read with Spark's own
   ``statestore`` data source (any provider: HDFS, RocksDB with or without changelog checkpointing,
   spark_state) and written by the executors, one task per state partition (see
-  ``migrate_stores``): a spark_state snapshot and manifest per store, or the HDFS provider's
-  snapshot file written by that provider's own code;
+  ``migrate_stores``): a spark_state snapshot and manifest per store, or the HDFS or RocksDB
+  provider's snapshot written by that provider's own code;
 - ``metadata`` (the new query id) last, so an interrupted migration is never taken for a good one.
 
 Then Spark's ``statestore`` reader reads the target back and every store partition must hold the
@@ -46,7 +46,8 @@ from spark_state.lifecycle.cut import Item, NewCheckpoint, copy_items, log_items
 from spark_state.lifecycle.progress import Progress
 from spark_state.lifecycle.rescale import active_query_ids
 from spark_state.options import PREFIX, Settings, settings_from
-from spark_state.spark.checkpoint import SparkCheckpoint, spark_state_root, store_ref, store_root
+from spark_state.spark.checkpoint import (CHECKPOINT_FORMAT_CONF, SparkCheckpoint, spark_state_root, store_ref,
+                                         store_root)
 from spark_state.spark.files import PROVIDER_CLASS_CONF, OffsetSeq, query_metadata
 from spark_state.storage.directory import Dir
 from spark_state.storage.layout import DEFAULT_STORE, STORE_ENTRIES, StoreId
@@ -56,17 +57,19 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 #: The providers a checkpoint can be migrated from, by the names the results use.
 SOURCES = {HDFS_PROVIDER: "hdfs", ROCKSDB_PROVIDER: "rocksdb", PROVIDER_CLASS: "spark_state"}
 #: The providers a checkpoint can be migrated to (``to=``).
-TARGETS = {"spark_state": PROVIDER_CLASS, "hdfs": HDFS_PROVIDER}
-CHECKPOINT_FORMAT_CONF = "spark.sql.streaming.stateStore.checkpointFormatVersion"
+TARGETS = {"spark_state": PROVIDER_CLASS, "hdfs": HDFS_PROVIDER, "rocksdb": ROCKSDB_PROVIDER}
 #: Confs the HDFS provider reads for its file format, taken from the offset log the migrated query restores.
 HDFS_FILE_CONFS = ("spark.sql.streaming.stateStore.compression.codec",
                    "spark.sql.streaming.stateStore.rowChecksum.enabled")
+#: The prefix of the confs Spark's RocksDB provider reads (its own options, compression, row checksums, ...):
+#: those of the offset log go to the provider that writes the migrated state, as the restarted query reads it.
+STATE_STORE_CONFS = "spark.sql.streaming.stateStore."
 
 
 @dataclass(frozen=True)
 class Migrated(NewCheckpoint):
     source_provider: str     # "hdfs", "rocksdb" or "spark_state"
-    target_provider: str     # "spark_state" or "hdfs"
+    target_provider: str     # "spark_state", "hdfs" or "rocksdb"
     stores: int              # store partitions written
     rows: int
     bytes: int               # state bytes written
@@ -113,8 +116,10 @@ def _source_provider(ckpt: SparkCheckpoint, batch: int, to: str) -> str:
     if conf.get(CHECKPOINT_FORMAT_CONF, "1") != "1" or commit.get("stateUniqueIds"):
         raise CheckpointError(
             f"{ckpt.url} uses checkpoint format v{conf.get(CHECKPOINT_FORMAT_CONF, 2)} (state store checkpoint "
-            f"ids, {CHECKPOINT_FORMAT_CONF}); migrate reads format v1 only, as spark_state and Spark's HDFS "
-            f"provider run it. Run the query with format v1 from a new checkpoint, or stay on RocksDB.")
+            f"ids, {CHECKPOINT_FORMAT_CONF}; Spark 4.3's real-time mode sets it); migrate carries format v1 "
+            f"checkpoints only. Nothing was written. Run the query with {CHECKPOINT_FORMAT_CONF}=1 from a new "
+            f"checkpoint, or move its state by hand with Spark's state reader (docs/operating.md, \"Moving to "
+            f"transformWithState\").")
     return SOURCES[provider]
 
 
@@ -307,6 +312,8 @@ def _plan(checkpoint_location: str, target: str, to: str, settings: Settings) ->
     """Checks everything a migration refuses, before anything is written."""
     if to not in TARGETS:
         raise CheckpointError(f"cannot migrate to {to!r}; choose one of {', '.join(TARGETS)}.")
+    if to == "rocksdb":
+        _require_spark_for_rocksdb()
     if settings.storage != "filesystem":
         raise CheckpointError(
             f"{PREFIX}storage={settings.storage}: memory storage keeps state in the worker process, so it can "
@@ -329,12 +336,26 @@ def _plan(checkpoint_location: str, target: str, to: str, settings: Settings) ->
     return plan
 
 
+def _require_spark_for_rocksdb() -> None:
+    """Writing a version of Spark's RocksDB provider from scratch (an empty store committed with its snapshot, as
+    Spark's offline repartition does) needs the provider API of Spark 4.2."""
+    import pyspark
+
+    major, minor = (int(part) for part in pyspark.__version__.split(".")[:2])
+    if (major, minor) < (4, 2):
+        raise CheckpointError(
+            f"migrate --to rocksdb writes the state through Spark's RocksDB provider as Spark 4.2+ writes a "
+            f"version from scratch; this is pyspark {pyspark.__version__}. Nothing was written. Run the migration "
+            f"with pyspark 4.2 or later (the migrated checkpoint then runs on the query's own Spark 4.2+).")
+
+
 def migrate(checkpoint_location: str, target: str, to: str = "spark_state", *,
             options: Mapping[str, str] | Settings | None = None, progress: Progress = Progress()) -> Migrated:
     """Writes `target` (new or empty) so the query of `checkpoint_location` resumes there on provider `to`.
 
-    `to` is ``"spark_state"`` (from a checkpoint of Spark's HDFS or RocksDB provider) or ``"hdfs"``
-    (Spark's default provider, from a spark_state or RocksDB checkpoint). `options` are spark_state
+    `to` is ``"spark_state"`` (from a checkpoint of Spark's HDFS or RocksDB provider), ``"hdfs"``
+    (Spark's default provider, from a spark_state or RocksDB checkpoint) or ``"rocksdb"`` (Spark's RocksDB
+    provider, from a spark_state or HDFS checkpoint; written with pyspark 4.2+). `options` are spark_state
     options: the target's (``checkpointRoot``, ``maxParallelism``, ``compressionLevel``) when migrating to
     spark_state, the source query's (its ``checkpointRoot``) when migrating from it. Start the same query
     with ``checkpointLocation=target`` afterwards (with ``spark_state.configure`` and the same options for
@@ -375,15 +396,25 @@ def _write(spark, plan: _Plan, progress: Progress) -> dict[StorePlan, dict[int, 
     return written
 
 
+def _provider_confs(plan: _Plan) -> dict[str, str]:
+    """The confs of the source's offset log that Spark's target provider reads for its file format (HDFS: codec and
+    row checksums; RocksDB: every state store conf but the provider's and spark_state's own)."""
+    conf = plan.ckpt.offsets(plan.batch).conf
+    if plan.to == "hdfs":
+        return {k: v for k, v in conf.items() if k in HDFS_FILE_CONFS}
+    return {k: v for k, v in conf.items()
+            if k.startswith(STATE_STORE_CONFS) and k != PROVIDER_CLASS_CONF and not k.startswith(PREFIX)}
+
+
 def _write_store(spark, plan: _Plan, store: StorePlan, task) -> dict[int, tuple[int, int]]:
     from spark_state.lifecycle import migrate_stores as jobs
 
     df = _read_store(spark, plan.ckpt.dir, plan.batch, store)
     version = plan.batch + 1
-    if plan.to == "hdfs":
-        conf = {k: v for k, v in plan.ckpt.offsets(plan.batch).conf.items() if k in HDFS_FILE_CONFS}
-        return jobs.write_hdfs(df, spark_state_root(plan.target), store.operator, store.name,
-                               store.num_cols_prefix_key, version, conf, f"migrating {store}", task)
+    if plan.to in ("hdfs", "rocksdb"):
+        return jobs.write_provider(df, plan.to, spark_state_root(plan.target), store.operator, store.name,
+                                   store.num_cols_prefix_key, version, _provider_confs(plan), f"migrating {store}",
+                                   task)
     key, value = df.schema["key"].dataType, df.schema["value"].dataType
     try:
         key_type, value_type = jobs.arrow_struct(key), jobs.arrow_struct(value)

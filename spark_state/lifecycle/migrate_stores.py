@@ -11,9 +11,9 @@ partition's rows at most:
   (``mapInArrow``) takes the partition's rows as Arrow, derives the key groups and writes them as
   a typed snapshot and its manifest: version ``batch + 1`` of the store, as a worker's first
   commit writes it.
-- **to Spark's HDFS provider** (``write_hdfs``): a JVM task per partition drives
-  ``HDFSBackedStateStoreProvider`` itself (the shim's ``HdfsStoreWriter``), so its files are the
-  provider's own bytes.
+- **to Spark's HDFS or RocksDB provider** (``write_provider``): a JVM task per partition drives
+  ``HDFSBackedStateStoreProvider`` or ``RocksDBStateStoreProvider`` itself (the shim's
+  ``ProviderStoreWriter``), so its files are the provider's own bytes.
 
 Both report ``{partition: rows}`` for the check that follows (``migrate.py``).
 """
@@ -169,18 +169,18 @@ def _unique_names(df, column: str):
     return F.col(column).cast(renamed)
 
 
-def write_hdfs(df, state_root: str, operator: int, store_name: str, num_cols_prefix_key: int, version: int,
-               conf: dict[str, str], description: str, task: Task) -> dict[int, tuple[int, int]]:
-    """Writes every partition of one store from `df` through Spark's HDFS provider on the executors
-    (``io.sparkstate.shim.HdfsStoreWriter``). Returns {partition: (rows, bytes)}."""
+def write_provider(df, provider: str, state_root: str, operator: int, store_name: str, num_cols_prefix_key: int,
+                   version: int, conf: dict[str, str], description: str, task: Task) -> dict[int, tuple[int, int]]:
+    """Writes every partition of one store from `df` through Spark's `provider` ("hdfs" or "rocksdb") on the
+    executors (``io.sparkstate.shim.ProviderStoreWriter``). Returns {partition: (rows, bytes)}."""
     spark = df.sparkSession
     jvm = spark.sparkContext._jvm
     jconf = jvm.java.util.HashMap()
     for k, v in conf.items():
         jconf.put(k, v)
     with job_progress(spark, description, task):
-        results = jvm.io.sparkstate.shim.HdfsStoreWriter.write(df._jdf, state_root, operator, store_name,
-                                                               num_cols_prefix_key, version, jconf)
+        results = jvm.io.sparkstate.shim.ProviderStoreWriter.write(df._jdf, provider, state_root, operator,
+                                                                   store_name, num_cols_prefix_key, version, jconf)
     out = {}
     for text in results:
         r = json.loads(text)

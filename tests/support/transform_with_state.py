@@ -29,3 +29,26 @@ def transform_with_state(events):
     return events.groupBy("k").transformWithStateInPandas(
         statefulProcessor=CountProcessor(), outputStructType="k string, c long",
         outputMode="Update", timeMode="None")
+
+
+class TotalProcessor(StatefulProcessor):
+    """transformWithStateInPandas: running_total's sum and count per key (no timeout) in a ValueState, which
+    ``initialState`` seeds: the state an applyInPandasWithState query kept, read with Spark's state reader."""
+
+    def init(self, handle):
+        self.state = handle.getValueState("total", "total long, n long")
+
+    def handleInitialState(self, key, initialState, timerValues):
+        row = initialState.iloc[0]
+        self.state.update((int(row["total"]), int(row["n"])))
+
+    def handleInputRows(self, key, rows, timerValues):
+        total, n = self.state.get() if self.state.exists() else (0, 0)
+        for pdf in rows:
+            total += int(pdf["v"].sum())
+            n += len(pdf)
+        self.state.update((total, n))
+        yield pd.DataFrame({"k": [key[0]], "total": [total], "n": [n], "kind": ["update"]})
+
+    def close(self):
+        pass

@@ -9,7 +9,19 @@ import org.apache.spark.sql.execution.streaming.state.StateStore;
  */
 final class Unsupported {
   private static final String ROCKSDB = "spark.sql.streaming.stateStore.providerClass="
-      + "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider.";
+      + "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider. " + wayOut();
+
+  /**
+   * How a query whose state is on spark_state moves to RocksDB (the only provider Spark runs
+   * transformWithState on): its checkpoint is migrated, and the query restarts on the new one.
+   */
+  static String wayOut() {
+    return "A query already running on spark_state keeps its state by moving its checkpoint to RocksDB: stop it, "
+        + "run 'spark-state migrate <checkpoint> <new checkpoint> --to rocksdb' (or spark_state.migrate(..., "
+        + "to=\"rocksdb\"), pyspark 4.2+) and start it on the new checkpoint; docs/operating.md, \"Moving to "
+        + "transformWithState\", shows how an applyInPandasWithState query becomes transformWithStateInPandas with "
+        + "its state as initialState.";
+  }
 
   private Unsupported() {}
 

@@ -11,7 +11,7 @@
  *       {@link io.sparkstate.shim.Metrics}, {@link io.sparkstate.shim.Unsupported},
  *       {@link io.sparkstate.shim.SparkCompat} (Spark 4.0–4.3), {@link io.sparkstate.shim.SparkStatePlugin},
  *       {@link io.sparkstate.shim.MaintenanceWarnings} and the migration tool
- *       {@link io.sparkstate.shim.HdfsStoreWriter}.</li>
+ *       {@link io.sparkstate.shim.ProviderStoreWriter}.</li>
  *   <li>{@link io.sparkstate.shim.engine}: the executor-local tier, a cache of the checkpoint's truth
  *       (rows in the heap, row images, runs, filters, the block cache, spills).</li>
  *   <li>{@link io.sparkstate.shim.codec}: rows on the wire (Arrow streams of docs/protocol.md, a

@@ -452,6 +452,31 @@ final class LayeredMap implements StateMap {
     }
   }
 
+  /**
+   * Spark's {@code multiGet}: the keys are looked up in sort order (key group, hash), the order of the
+   * blocks, so each block is read at most once however the batch is ordered; a remote image first fetches
+   * the blocks of the whole batch in one request (as {@link #settle} does).
+   */
+  @Override
+  public synchronized UnsafeRow[] getAll(UnsafeRow[] keys) {
+    checkOpen();
+    List<Object[]> sorted = new ArrayList<>(keys.length);
+    for (int i = 0; i < keys.length; i++) {
+      int h = order.hash(keys[i]);
+      sorted.add(new Object[] {RowImage.sortKey(order.keyGroup(h), h), h, keys[i], i});
+    }
+    sorted.sort((a, b) -> Long.compare((Long) a[0], (Long) b[0]));
+    if (!runs.isEmpty()) {
+      prefetch(sorted);
+    }
+    UnsafeRow[] out = new UnsafeRow[keys.length];
+    for (Object[] k : sorted) {
+      UnsafeRow v = get((UnsafeRow) k[2]);
+      out[(Integer) k[3]] = v == null ? null : v.copy();
+    }
+    return out;
+  }
+
   // ------------------------------------------------------------------ runs
 
   /**

@@ -25,7 +25,7 @@ import org.apache.spark.unsafe.Platform;
  * fsynced. {@link #finish} completes the file; closing an unfinished writer deletes it.
  */
 final class RowImageWriter implements Closeable {
-  static final int DEFAULT_BLOCK_BYTES = 16 << 10;
+  static final int DEFAULT_BLOCK_BYTES = 4 << 10;
   static final int ZSTD_LEVEL = 1;
 
   private final Path path;

@@ -21,9 +21,11 @@ import org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvid
 import org.apache.spark.sql.execution.streaming.state.KeyStateEncoderSpec;
 import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpec;
 import org.apache.spark.sql.execution.streaming.state.PrefixKeyScanStateEncoderSpec;
+import org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider;
 import org.apache.spark.sql.execution.streaming.state.StateStore;
 import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
 import org.apache.spark.sql.execution.streaming.state.StateStoreId;
+import org.apache.spark.sql.execution.streaming.state.StateStoreProvider;
 import org.apache.spark.sql.internal.SQLConf;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.StructType;
@@ -31,22 +33,31 @@ import org.apache.spark.util.SerializableConfiguration;
 import scala.Option;
 
 /**
- * Writes one version of a state store in the format of Spark's {@code HDFSBackedStateStoreProvider},
- * through that provider's own code, from the rows of Spark's {@code statestore} data source
- * ({@code partition_id, key, value}): what {@code spark_state.migrate(..., to="hdfs")} runs on the
- * executors, one task per state partition.
+ * Writes one version of a state store in the format of one of Spark's own providers, through that
+ * provider's own code, from the rows of Spark's {@code statestore} data source
+ * ({@code partition_id, key, value}): what {@code spark_state.migrate(..., to="hdfs")} and
+ * {@code migrate(..., to="rocksdb")} run on the executors, one task per state partition. Every byte
+ * written is the provider's.
  *
- * <p>The provider commits version {@code v + 1} only on top of version {@code v}'s files, and a
- * migrated store has no earlier versions. So each task commits the whole state as version 1 of a
- * fresh provider with a forced snapshot (Spark writes {@code 1.delta} and {@code 1.snapshot}), then
- * gives the snapshot the target version's name: every byte is the provider's, the version is only in
- * the file name. Spark loads a version from its snapshot without any earlier file.
+ * <ul>
+ *   <li><b>HDFS</b> ({@code HDFSBackedStateStoreProvider}): the provider commits version {@code v + 1}
+ *       only on top of version {@code v}'s files, and a migrated store has no earlier versions. So each
+ *       task commits the whole state as version 1 of a fresh provider with a forced snapshot (Spark writes
+ *       {@code 1.delta} and {@code 1.snapshot}), then gives the snapshot the target version's name: the
+ *       version is only in the file name, and Spark loads a version from its snapshot without any earlier
+ *       file (Spark 4.3: the forced snapshot).</li>
+ *   <li><b>RocksDB</b> ({@code RocksDBStateStoreProvider}): the way Spark's own offline repartition
+ *       writes a version: {@code getStore(v - 1, loadEmpty = true, forceSnapshotOnCommit = true)}, every
+ *       row put, committed as version {@code v} with its snapshot (Spark 4.2+).</li>
+ * </ul>
  */
-public final class HdfsStoreWriter implements Function2<Integer, Iterator<InternalRow>, Iterator<String>> {
+public final class ProviderStoreWriter implements Function2<Integer, Iterator<InternalRow>, Iterator<String>> {
   private static final long serialVersionUID = 1L;
   /** StreamExecution.RUN_ID_KEY: the provider's init reads the query run id from the Hadoop conf. */
   private static final String RUN_ID_KEY = "sql.streaming.runId";
 
+  /** "hdfs" or "rocksdb". */
+  private final String provider;
   private final String stateRoot;
   private final long operatorId;
   private final String storeName;
@@ -57,9 +68,10 @@ public final class HdfsStoreWriter implements Function2<Integer, Iterator<Intern
   private final Map<String, String> sqlConf;
   private final SerializableConfiguration hadoopConf;
 
-  private HdfsStoreWriter(String stateRoot, long operatorId, String storeName, StructType keySchema,
+  private ProviderStoreWriter(String provider, String stateRoot, long operatorId, String storeName, StructType keySchema,
       StructType valueSchema, int numColsPrefixKey, long version, Map<String, String> sqlConf,
       Configuration hadoopConf) {
+    this.provider = provider;
     this.stateRoot = stateRoot;
     this.operatorId = operatorId;
     this.storeName = storeName;
@@ -74,18 +86,23 @@ public final class HdfsStoreWriter implements Function2<Integer, Iterator<Intern
   /**
    * Writes version {@code version} of every partition of one store under {@code stateRoot} (the
    * target checkpoint's {@code state} directory) from {@code rows}, the statestore data source's
-   * DataFrame of the source store (one Spark partition per state partition). {@code sqlConf} holds
-   * the confs the provider reads that the target's offset log pins (compression codec, row checksums).
+   * DataFrame of the source store (one Spark partition per state partition), with Spark's
+   * {@code provider} ("hdfs" or "rocksdb"). {@code sqlConf} holds the confs the provider reads that
+   * the target's offset log pins (compression codec, row checksums, RocksDB's options).
    * Returns one JSON object per partition: {@code {"partition", "rows", "bytes"}}.
    */
-  public static List<String> write(Dataset<Row> rows, String stateRoot, long operatorId, String storeName,
-      int numColsPrefixKey, long version, Map<String, String> sqlConf) {
+  public static List<String> write(Dataset<Row> rows, String provider, String stateRoot, long operatorId,
+      String storeName, int numColsPrefixKey, long version, Map<String, String> sqlConf) {
+    if (!provider.equals("hdfs") && !provider.equals("rocksdb")) {
+      throw new IllegalArgumentException("spark_state migrate: cannot write state of provider '" + provider
+          + "'; the target is 'hdfs' or 'rocksdb'.");
+    }
     StructType schema = rows.schema();
     StructType keySchema = (StructType) schema.apply("key").dataType();
     StructType valueSchema = (StructType) schema.apply("value").dataType();
     Configuration hadoopConf = rows.sparkSession().sessionState().newHadoopConf();
-    HdfsStoreWriter writer = new HdfsStoreWriter(stateRoot, operatorId, storeName, keySchema, valueSchema,
-        numColsPrefixKey, version, sqlConf, hadoopConf);
+    ProviderStoreWriter writer = new ProviderStoreWriter(provider, stateRoot, operatorId, storeName, keySchema,
+        valueSchema, numColsPrefixKey, version, sqlConf, hadoopConf);
     return rows.select("partition_id", "key", "value").queryExecution().toRdd().toJavaRDD()
         .mapPartitionsWithIndex(writer, false).collect();
   }
@@ -104,11 +121,12 @@ public final class HdfsStoreWriter implements Function2<Integer, Iterator<Intern
     KeyStateEncoderSpec spec = numColsPrefixKey > 0
         ? new PrefixKeyScanStateEncoderSpec(keySchema, numColsPrefixKey)
         : new NoPrefixKeyStateEncoderSpec(keySchema);
-    HDFSBackedStateStoreProvider provider = new HDFSBackedStateStoreProvider();
-    provider.init(id, keySchema, valueSchema, spec, false, StateStoreConf.apply(sql), conf, false, Option.empty());
+    boolean rocksdb = provider.equals("rocksdb");
+    StateStoreProvider sparkProvider = rocksdb ? new RocksDBStateStoreProvider() : new HDFSBackedStateStoreProvider();
+    sparkProvider.init(id, keySchema, valueSchema, spec, false, StateStoreConf.apply(sql), conf, false, Option.empty());
     long count = 0;
     try {
-      StateStore store = newVersionOne(provider);
+      StateStore store = rocksdb ? emptyAt(sparkProvider, version - 1) : newVersionOne(sparkProvider);
       UnsafeProjection keys = UnsafeProjection.create(keySchema);
       UnsafeProjection values = UnsafeProjection.create(valueSchema);
       int keyFields = keySchema.fields().length;
@@ -125,12 +143,26 @@ public final class HdfsStoreWriter implements Function2<Integer, Iterator<Intern
         store.put(keys.apply(row.getStruct(1, keyFields)), values.apply(row.getStruct(2, valueFields)), family);
         count++;
       }
-      store.commit();
+      long committed = store.commit();
+      if (committed != (rocksdb ? version : 1)) {
+        throw new IllegalStateException("spark_state migrate: Spark's " + provider + " provider committed version "
+            + committed + " of " + id + " where version " + (rocksdb ? version : 1) + " was expected.");
+      }
     } finally {
-      provider.close();
+      sparkProvider.close();
     }
     Path dir = id.storeCheckpointLocation();
     FileSystem fs = dir.getFileSystem(conf);
+    if (rocksdb) {
+      long bytes = 0;
+      for (org.apache.hadoop.fs.FileStatus f : fs.listStatus(dir)) {
+        if (f.isFile() && f.getPath().getName().startsWith(version + ".")) {
+          bytes += f.getLen();
+        }
+      }
+      return Collections.singletonList("{\"partition\":" + partition + ",\"rows\":" + count + ",\"bytes\":"
+          + bytes + "}").iterator();
+    }
     Path snapshot = new Path(dir, "1.snapshot");
     if (!fs.exists(snapshot)) {
       throw new IllegalStateException("spark_state migrate: Spark's HDFS provider committed " + dir
@@ -148,8 +180,39 @@ public final class HdfsStoreWriter implements Function2<Integer, Iterator<Intern
     return Collections.singletonList(json).iterator();
   }
 
+  /**
+   * An empty store at {@code version} whose commit makes {@code version + 1} with its snapshot:
+   * {@code getStore(version, None, forceSnapshotOnCommit = true, loadEmpty = true)}, as Spark's offline
+   * repartition writes a version (Spark 4.2+).
+   */
+  private static StateStore emptyAt(StateStoreProvider provider, long version) throws Exception {
+    Method m = getStore(provider);
+    if (m.getParameterCount() < 4) {
+      throw new UnsupportedOperationException("spark_state migrate: writing Spark's RocksDB provider format needs "
+          + "RocksDBStateStoreProvider.getStore(version, uniqueId, forceSnapshotOnCommit, loadEmpty), which Spark "
+          + "4.2 added and this Spark version does not have; run the migration with pyspark 4.2 or later.");
+    }
+    try {
+      return (StateStore) m.invoke(provider, version, Option.empty(), true, true);
+    } catch (InvocationTargetException e) {
+      Throwable cause = e.getCause();
+      throw cause instanceof Exception ? (Exception) cause : new IllegalStateException(cause);
+    }
+  }
+
+  private static Method getStore(StateStoreProvider provider) {
+    Method best = null;
+    for (Method m : provider.getClass().getMethods()) {
+      if (m.getName().equals("getStore") && m.getParameterCount() >= 2
+          && m.getParameterTypes()[0] == long.class && (best == null || m.getParameterCount() > best.getParameterCount())) {
+        best = m;
+      }
+    }
+    return best;
+  }
+
   /** {@code getStore(0)} with the forced snapshot on commit (its last two flags; Spark 4.3). */
-  private static StateStore newVersionOne(HDFSBackedStateStoreProvider provider) throws Exception {
+  private static StateStore newVersionOne(StateStoreProvider provider) throws Exception {
     Method best = null;
     for (Method m : HDFSBackedStateStoreProvider.class.getMethods()) {
       if (m.getName().equals("getStore") && m.getParameterCount() >= 2
