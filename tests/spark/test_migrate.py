@@ -93,12 +93,11 @@ ROUND_TRIPS = [
 SLOW_ROUND_TRIPS = [(name, source) for name in WORKLOADS for source in SOURCES if (name, source) not in ROUND_TRIPS]
 
 
-def _round_trip(spark, tmp_path: Path, name: str, source: str):
-    """Phase 1 on `source`, migrate to spark_state, phase 2 there, migrate to HDFS, phase 3 there; the original
-    query runs every phase on `source`. Returns (original, on spark_state, on HDFS, the two migrations)."""
+def _inputs(tmp_path: Path, name: str):
+    """Workload `name` over stream files under `tmp_path`: (the workload, build(session) for a Query, add(steps),
+    which writes the steps' files)."""
     w = WORKLOADS[name]()
     streams = {n: JsonStream(tmp_path / n, schema) for n, schema in w.streams.items()}
-    phases = [w.steps[:2], w.steps[2:3], w.steps[3:]]
 
     def build(session):
         return w.build(session, streams)
@@ -108,6 +107,14 @@ def _round_trip(spark, tmp_path: Path, name: str, source: str):
             for n, rows in step.items():
                 streams[n].add(rows)
 
+    return w, build, add
+
+
+def _round_trip(spark, tmp_path: Path, name: str, source: str):
+    """Phase 1 on `source`, migrate to spark_state, phase 2 there, migrate to HDFS, phase 3 there; the original
+    query runs every phase on `source`. Returns (original, on spark_state, on HDFS, the two migrations)."""
+    w, build, add = _inputs(tmp_path, name)
+    phases = [w.steps[:2], w.steps[2:3], w.steps[3:]]
     original = Query(spark, build, tmp_path / "original", mode=w.mode, provider="hdfs",
                      conf={**SOURCES[source], **w.conf})
     add(phases[0])
@@ -170,17 +177,7 @@ OPERATORS = [name if name in DEFAULT_EXITS else pytest.param(name, marks=pytest.
 def _exit_to_rocksdb(spark, tmp_path: Path, name: str, between=None):
     """Phase 1 on spark_state, migrate to RocksDB, phase 2 there (after ``between(checkpoint)``); a twin query runs
     on RocksDB from the start. Returns (the query that ran on RocksDB from the start, the migrated one, result)."""
-    w = WORKLOADS[name]()
-    streams = {n: JsonStream(tmp_path / n, schema) for n, schema in w.streams.items()}
-
-    def build(session):
-        return w.build(session, streams)
-
-    def add(steps):
-        for step in steps:
-            for n, rows in step.items():
-                streams[n].add(rows)
-
+    w, build, add = _inputs(tmp_path, name)
     native = Query(spark, build, tmp_path / "native-rocksdb", mode=w.mode, provider="rocksdb", conf=w.conf)
     ours = Query(spark, build, tmp_path / "on-spark-state", mode=w.mode, conf=w.conf)
     add(w.steps[:2])
