@@ -24,6 +24,7 @@ import pyarrow as pa
 import spark_state
 from spark_state.errors import ProtocolError, SparkStateError
 from spark_state.options import Settings
+from spark_state.worker import warmup
 from spark_state.worker.background import BackgroundWork
 from spark_state.worker.streams import StreamRegistry
 from spark_state.worker.protocol import (
@@ -139,6 +140,7 @@ class Dispatcher:
     def op_validate(self, header, body):
         """Checks a set of options; answers what the shim needs of them in the one parser there is."""
         settings = settings_of(header)
+        warmup.warm_storage_in_background(settings)   # a remote checkpointRoot: its backend, before the first load
         return {"ok": True, "memoryLimit": settings.memory_limit, "imageCacheSize": settings.row_image_cache_size}, b""
 
     def _store(self, header):

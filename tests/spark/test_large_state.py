@@ -172,6 +172,36 @@ def test_a_damaged_block_found_by_a_lookup_fails_the_batch_clearly_and_the_rerun
     assert sorted(query.outputs[1]) == [("a", 3), ("b", 4), ("c", 2), ("d", 1)]
 
 
+def test_a_damaged_image_turns_images_off_for_its_own_store_only(spark, tmp_path):
+    """The executor remembers the stores whose image was damaged (their later loads read rows), by the store's
+    whole identity: another query's stores with the same operator and partitions (in another checkpoint)
+    still restore from their images. (Keyed by StateStoreId.toString(), which leaves out the checkpoint, one
+    damaged image turned images off for every later query of the JVM, e.g. the S3 range-read test's.)"""
+    events, query, images = counts_with_images(spark, tmp_path / "damaged")
+    for image in images:
+        data = bytearray(image.read_bytes())
+        data[3] ^= 0xFF
+        image.write_bytes(bytes(data))
+    events.add([{"k": k, "n": 1} for k in "ab"])
+    failed = 0
+    for _ in range(len(images) + 1):
+        try:
+            query.run()
+            break
+        except QueryFailed as err:
+            assert "corrupt" in err.message, err.message
+            failed += 1
+    assert failed > 0, "no lookup met the damaged block: the executor marked no store"
+    assert sorted(query.outputs[1]) == [("a", 3), ("b", 4)]
+
+    events, query, images = counts_with_images(spark, tmp_path / "intact")
+    first = len(query.progress)
+    events.add([{"k": k, "n": 1} for k in "abd"])
+    query.run()
+    assert sorted(query.outputs[1]) == [("a", 3), ("b", 4), ("d", 1)]
+    assert custom(query, "sparkStateImageLoads", first) == len(images), query.progress[first:]
+
+
 # ------------------------------------------------------------------ damaged spill runs
 
 def spill_runs(pid: int) -> dict[str, str]:

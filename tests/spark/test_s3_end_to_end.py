@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import Counter
 
 import fsspec
-import pytest
 
 from tests.support.spark import JsonStream, Query
 
@@ -30,11 +29,6 @@ def test_running_counts_survive_restart_with_state_on_s3(spark, tmp_path, s3_buc
     assert not list((tmp_path / "ckpt" / "state").rglob("*.arrow")), "state files must go to S3, not the local checkpoint"
 
 
-# Opt-in (--run-slow) until issue 38's open problem is found: run alone or with its file it passes; at its place in
-# the full suite (two clean-clone runs, 2026-11-27) no restore fetched a byte by range (remoteFetches() 0,
-# even after draining the worker's background images between runs), so something earlier in the shared session
-# keeps these restores from reading remote images. rowImages.rangeReads is off by default meanwhile.
-@pytest.mark.slow
 def test_a_query_on_s3_restores_from_row_images_read_by_range_and_matches_hdfs(spark, tmp_path, s3_bucket):
     """Issue 38: every batch restores (unloadOnCommit) over the row image the worker wrote on S3 after the last
     commit, reading its index and the blocks its keys need by range through the executor's cache of remote

@@ -93,9 +93,12 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
   /**
    * Stores (by {@link StateStoreId}) whose row image failed a read in this executor (corrupt,
    * unreadable): their loads read whole rows from then on, as an image is only a cache of what the
-   * checkpoint's snapshot holds, and a task retried here must not meet the same damage again.
+   * checkpoint's snapshot holds, and a task retried here must not meet the same damage again. Keyed by
+   * the StateStoreId itself (its equality covers the checkpoint root), never by its toString(), which
+   * Spark prints without the checkpoint: keyed so, one damaged image turned row images off for the same
+   * operator and partition of every other query of the executor.
    */
-  private static final Set<String> IMAGES_FAILED = ConcurrentHashMap.newKeySet();
+  private static final Set<StateStoreId> IMAGES_FAILED = ConcurrentHashMap.newKeySet();
 
   /**
    * The version this provider holds, or null before the first load and after an abort (an aborted
@@ -339,7 +342,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     }
     long t0 = System.nanoTime();
     String knownId = known == null ? null : known.commitId;
-    boolean lazy = !IMAGES_FAILED.contains(stateStoreId.toString());
+    boolean lazy = !IMAGES_FAILED.contains(stateStoreId);
     StateVersion loaded = client.load(version, knownId, lineage, lazy, (rows, commitId, image, state) ->
         image == null ? decodeWhole(version, rows, commitId, state) : onImage(version, rows, commitId, image, state));
     lastLoadBytesRead = client.lastLoadBytesRead();
@@ -419,7 +422,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
    * remote image's bytes that could not be fetched are not damage: the retry restores from the image again.
    */
   void imageFailed(RowImageException e) {
-    if (e.damaged() && IMAGES_FAILED.add(stateStoreId.toString())) {
+    if (e.damaged() && IMAGES_FAILED.add(stateStoreId)) {
       LOG.warn("spark_state: {}: {}; its next loads read the checkpoint's rows instead of row images", this,
           e.getMessage());
     }
