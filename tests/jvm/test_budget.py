@@ -24,8 +24,8 @@ def test_a_provider_holds_its_budget_with_every_kind_of_memory_and_gives_it_back
       blocks, the change log, chunks in flight, the Arrow buffers of the load;
     - together they never exceed the limit by more than one check interval of puts, the buffers of a few chunks
       (the encoder's, those in flight) and the Arrow batch a load reads;
-    - a commit leaves no change log or chunk charged; the load is exact; once both providers closed, nothing
-      is charged."""
+    - a commit leaves no change log or chunk charged; the load is exact; once both providers closed and the
+      background merges that still read their runs ended (within 20 s), nothing is charged."""
     (tmp_path / "classes").mkdir()
     cmd = probe_command("BudgetProbe.java", "BudgetProbe", tmp_path / "classes",
                         f"-Dspark_state.spillCheckEvery={CHECK_EVERY}", f"-Dio.sparkstate.streamChunkBytes={CHUNK}",
