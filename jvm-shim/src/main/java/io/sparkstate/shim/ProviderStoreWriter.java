@@ -186,21 +186,35 @@ public final class ProviderStoreWriter implements Function2<Integer, Iterator<In
    * repartition writes a version (Spark 4.2+).
    */
   private static StateStore emptyAt(StateStoreProvider provider, long version) throws Exception {
-    Method m = getStore(provider);
-    if (m.getParameterCount() < 4) {
+    Method m = widestGetStore(provider);
+    if (m == null || m.getParameterCount() < 4) {
       throw new UnsupportedOperationException("spark_state migrate: writing Spark's RocksDB provider format needs "
           + "RocksDBStateStoreProvider.getStore(version, uniqueId, forceSnapshotOnCommit, loadEmpty), which Spark "
           + "4.2 added and this Spark version does not have; run the migration with pyspark 4.2 or later.");
     }
-    try {
-      return (StateStore) m.invoke(provider, version, Option.empty(), true, true);
-    } catch (InvocationTargetException e) {
-      Throwable cause = e.getCause();
-      throw cause instanceof Exception ? (Exception) cause : new IllegalStateException(cause);
-    }
+    return invoke(m, provider, version, Option.empty(), true, true);
   }
 
-  private static Method getStore(StateStoreProvider provider) {
+  /** {@code getStore(0)} with the forced snapshot on commit (its last two flags; Spark 4.3). */
+  private static StateStore newVersionOne(StateStoreProvider provider) throws Exception {
+    Method m = widestGetStore(provider);
+    if (m == null || m.getParameterCount() < 3) {
+      throw new UnsupportedOperationException("spark_state migrate: writing Spark's HDFS provider format needs "
+          + "HDFSBackedStateStoreProvider.getStore(version, uniqueId, forceSnapshotOnCommit, ...), which this "
+          + "Spark version does not have; run the migration with pyspark 4.3.");
+    }
+    List<Object> args = new ArrayList<>(List.of(0L, Option.empty(), true));
+    while (args.size() < m.getParameterCount()) {
+      args.add(false);
+    }
+    return invoke(m, provider, args.toArray());
+  }
+
+  /**
+   * The provider's {@code getStore(long version, ...)} with the most parameters: the flags each Spark version
+   * added (uniqueId, forceSnapshotOnCommit, loadEmpty) are only reachable by reflection across 4.0-4.3.
+   */
+  private static Method widestGetStore(StateStoreProvider provider) {
     Method best = null;
     for (Method m : provider.getClass().getMethods()) {
       if (m.getName().equals("getStore") && m.getParameterCount() >= 2
@@ -211,26 +225,10 @@ public final class ProviderStoreWriter implements Function2<Integer, Iterator<In
     return best;
   }
 
-  /** {@code getStore(0)} with the forced snapshot on commit (its last two flags; Spark 4.3). */
-  private static StateStore newVersionOne(StateStoreProvider provider) throws Exception {
-    Method best = null;
-    for (Method m : HDFSBackedStateStoreProvider.class.getMethods()) {
-      if (m.getName().equals("getStore") && m.getParameterCount() >= 2
-          && m.getParameterTypes()[0] == long.class && (best == null || m.getParameterCount() > best.getParameterCount())) {
-        best = m;
-      }
-    }
-    if (best == null || best.getParameterCount() < 3) {
-      throw new UnsupportedOperationException("spark_state migrate: writing Spark's HDFS provider format needs "
-          + "HDFSBackedStateStoreProvider.getStore(version, uniqueId, forceSnapshotOnCommit, ...), which this "
-          + "Spark version does not have; run the migration with pyspark 4.3.");
-    }
-    List<Object> args = new ArrayList<>(List.of(0L, Option.empty(), true));
-    while (args.size() < best.getParameterCount()) {
-      args.add(false);
-    }
+  /** Calls {@code getStore}, rethrowing what it threw. */
+  private static StateStore invoke(Method getStore, StateStoreProvider provider, Object... args) throws Exception {
     try {
-      return (StateStore) best.invoke(provider, args.toArray());
+      return (StateStore) getStore.invoke(provider, args);
     } catch (InvocationTargetException e) {
       Throwable cause = e.getCause();
       throw cause instanceof Exception ? (Exception) cause : new IllegalStateException(cause);
