@@ -132,6 +132,9 @@ def test_an_absent_key_reads_no_block(probe):
     assert present_loads >= present_gets // 2, f"gets of held keys read {present_loads} blocks: the count is blind"
     assert absent_loads <= 4000 * runs // 50, f"4,000 gets and removes of absent keys read {absent_loads} blocks " \
                                               f"over {runs} runs"
-    # the puts spill as they go (new runs, merged in the background), so more filters are asked: ~5% let a key
-    # through; without filters every put would be settled, reading a block of each run
-    assert absent_puts >= 1700 and put_loads <= 400, (absent_puts, put_loads)
+    # the puts spill as they go (new runs, merged in the background), so more filters are asked: ~5-9% let a key
+    # through, and how many blocks settling those reads depends on how many runs the merges have left by then (a
+    # clean-clone run saw 171 keys read 423 blocks). Without filters every put would be settled, reading at least
+    # a block of every run: 2,000 loads at the least, so half of that is the bound.
+    assert absent_puts >= 1700, f"filters answered ABSENT for only {absent_puts} of 2,000 new keys"
+    assert put_loads < 1000, f"settling {2000 - absent_puts} new keys a filter let through read {put_loads} blocks"
