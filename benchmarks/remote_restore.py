@@ -4,9 +4,12 @@ and the blocks a lookup needs, the rest filled into the local cache in the backg
 ``rowImages.rangeReads=false`` (today's download-then-open), at injected per-request latencies.
 
     nice -n 19 flock /work/spark.lock .venv/bin/python -m benchmarks.remote_restore \
-        [--keys 1000000] [--latencies 0,10,50] [--out benchmarks/results/remote-restore]
+        [--keys 1000000] [--latencies 0,10,50] [--server ranged|moto] [--jvm-flag -D...]
+        [--out benchmarks/results/remote-restore]
 
-Set-up: a moto server in its own process, and the soak's fault proxy (``benchmarks/soak/proxy.py``) in front
+Set-up: a moto server in its own process (``--server ranged``, the default: its ranged GETs read only their
+range, as S3's do, ``tests/support/moto_ranges.py``; moto's own read the whole object for each, 72 ms for
+64 KiB of a 106 MiB object), and the soak's fault proxy (``benchmarks/soak/proxy.py``) in front
 of it with ``latency_s`` (every request waits that long before it is forwarded: an object store's first-byte
 latency). One store (long key, long value) of ``--keys`` keys is written through a provider of
 ``tests/jvm/RemoteImageProbe.java`` straight to moto, compacted with its row image (version 1), and a few keys
@@ -17,6 +20,8 @@ each command:
 * ``open``: ``getReadStore(2)`` on a new provider, then ``first get``: one key's lookup;
 * ``batch``: lookups of 1% of the keys (a contiguous range of keys: their hashes spread over every block),
   right after the open; ``open + batch`` is what a task moving to a fresh executor pays before its puts;
+* ``warm``: the same open, first get and batch in a JVM (and worker) that opened and read another store of
+  the checkpoint first (partition 1, 1,000 keys): an executor that was running when the task moved to it;
 * ``scan``: in another fresh JVM, ``getReadStore(2)`` then a full scan of the store;
 * bytes and requests the proxy forwarded for the restore (open + first get: with range reads, the
   background fill's first requests are under way by then and counted), for open + batch, and until the
@@ -30,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +43,7 @@ from pathlib import Path
 
 from tests.support import s3_server
 from tests.support.jvm_probes import ProbeProcess, probe_command
-from tests.support.ports import free_port, wait_listening
+from tests.support.s3_proxy import S3Proxy
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,34 +61,25 @@ class Probe(ProbeProcess):
         return (time.perf_counter() - t0) * 1000, out
 
 
-class Proxy:
-    def __init__(self, upstream_port: int, work: Path):
-        self.port = free_port()
-        self.control = work / "proxy-control.json"
-        self.log = work / "proxy-faults.jsonl"
-        self.set_latency(0)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.soak.proxy", "--port", str(self.port), "--upstream-port",
-             str(upstream_port), "--control", str(self.control), "--log", str(self.log)], cwd=ROOT,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if not wait_listening(self.port, self.proc, 30):
-            raise RuntimeError("the fault proxy did not start")
+def counts(proxy: S3Proxy) -> tuple[int, int]:
+    """(requests, bytes) the proxy forwarded so far."""
+    s = proxy.stats()
+    return s["requests"], s["bytes"]
 
-    def set_latency(self, ms: float) -> None:
-        self.control.write_text(json.dumps({"rate": 0.0, "latency_s": ms / 1000}))
-        time.sleep(1.2)   # the proxy re-reads its control file every second
 
-    def stats(self) -> tuple[int, int]:
-        """(requests, bytes) forwarded so far."""
-        import urllib.request
-
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/__proxy_stats", timeout=10) as r:
-            s = json.loads(r.read())
-        return s["requests"], s["bytes"]
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
+def range_cost(fs, large: str, small: str) -> dict:
+    """What one ranged GET costs the loopback server (no proxy), by the size of the object it reads from: moto
+    reads and copies the whole object for every ranged GET, so its cost grows with the object; S3's does not.
+    The figures say how much of a range-read restore's time is the test server's."""
+    out = {}
+    for name, path in (("large", large), ("small", small)):
+        n = min(64 << 10, fs.size(path))
+        t0 = time.perf_counter()
+        for _ in range(5):
+            fs.cat_file(path, start=0, end=n)
+        out[f"range_get_ms_{name}"] = (time.perf_counter() - t0) / 5 * 1000
+        out[f"object_bytes_{name}"] = fs.size(path)
+    return out
 
 
 def options(root: str, ranges: bool) -> list[str]:
@@ -92,12 +87,12 @@ def options(root: str, ranges: bool) -> list[str]:
             f"rowImages.rangeReads={'true' if ranges else 'false'}"]
 
 
-def run(keys: int, latencies: list[int], out: Path) -> dict:
+def run(keys: int, latencies: list[int], out: Path, jvm_flags: tuple[str, ...] = (), server: str = "ranged") -> dict:
     work = Path(tempfile.mkdtemp(prefix="remote-restore-"))
     env = dict(os.environ)
     os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                        "AWS_DEFAULT_REGION": "us-east-1"})
-    endpoint, moto = s3_server.start_process()
+    endpoint, moto = s3_server.start_process(ranged=server == "ranged")
     os.environ["AWS_ENDPOINT_URL"] = endpoint
     proxy = None
     try:
@@ -113,7 +108,7 @@ def run(keys: int, latencies: list[int], out: Path) -> dict:
 
         def probe(heap: str = "2g", *jvm: str) -> Probe:
             cmd = probe_command("RemoteImageProbe.java", "io.sparkstate.shim.engine.RemoteImageProbe", classes,
-                                f"-Djava.io.tmpdir={work}", *jvm, heap=heap)
+                                f"-Djava.io.tmpdir={work}", *jvm_flags, *jvm, heap=heap)
             return Probe(cmd)
 
         t0 = time.perf_counter()
@@ -123,17 +118,23 @@ def run(keys: int, latencies: list[int], out: Path) -> dict:
             assert p.ok(f"write a 0 0 {keys} 1") == ["1"]
             p.ok("drain")
             assert p.ok("remove a 1 0 1 2") == ["2"]
+            # another store of the same checkpoint (partition 1): what a warm executor served before the move
+            p.ok(f"provider w {ckpt} {sys.executable} 1 {' '.join(options(root, True))}")
+            assert p.ok("write w 0 0 1000 1") == ["1"]
+            p.ok("drain")
         finally:
             p.close(120)
         fs = fsspec.filesystem("s3", client_kwargs={"endpoint_url": endpoint})
         images = [f for f in fs.find(f"{bucket}/state") if f.endswith(".img")]
-        assert len(images) == 1, images
-        image_bytes = fs.size(images[0])
+        assert len(images) == 2, images
+        image_bytes = max(fs.size(f) for f in images)
         print(f"built {keys:,} keys in {time.perf_counter() - t0:.0f} s; row image {image_bytes / 2**20:.1f} MiB",
               flush=True)
+        rig = range_cost(fs, max(images, key=fs.size), min(images, key=fs.size))
+        print(f"the server: {rig}", flush=True)
 
-        proxy = Proxy(int(endpoint.rsplit(":", 1)[1]), work)
-        os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{proxy.port}"
+        proxy = S3Proxy(int(endpoint.rsplit(":", 1)[1]), work)
+        os.environ["AWS_ENDPOINT_URL"] = proxy.url
         batch = max(1, keys // 100)
         first = keys // 2
         rows = []
@@ -147,21 +148,38 @@ def run(keys: int, latencies: list[int], out: Path) -> dict:
                 try:
                     p.ok(spec)
                     p.ok("fetched")   # the worker is up before the clock starts
-                    r0 = proxy.stats()
+                    r0 = counts(proxy)
                     t_open, _ = p.timed("open a 2")
                     t_get, got = p.timed(f"get a {first}")
                     assert got == [str(first)], got
-                    r1 = proxy.stats()
+                    r1 = counts(proxy)
                     t_batch, n = p.timed(f"check a {first + 1} {first + 1 + batch} 1")
                     assert n == [str(batch)], n
-                    r2 = proxy.stats()
+                    r2 = counts(proxy)
                     fetched = [int(x) for x in p.ok("fetched")]
                     filled = None
                     if ranges:
                         t = time.perf_counter()
                         p.ok("filled a 600000")
                         filled = (time.perf_counter() - t) * 1000 + t_open + t_get + t_batch
-                    r3 = proxy.stats()
+                    r3 = counts(proxy)
+                finally:
+                    p.close(60)
+                # a warm executor (its JVM and worker served store w of the same checkpoint): open, first get,
+                # 1% of the keys of a store it holds no file of
+                p = probe()
+                try:
+                    p.ok(f"provider w {ckpt} {sys.executable} 1 {' '.join(options(root, ranges))}")
+                    p.ok(spec)
+                    p.ok("open w 1")
+                    assert p.ok("get w 5") == ["5"]
+                    w0 = counts(proxy)
+                    w_open, _ = p.timed("open a 2")
+                    w_get, got = p.timed(f"get a {first}")
+                    assert got == [str(first)], got
+                    w1 = counts(proxy)
+                    w_batch, n = p.timed(f"check a {first + 1} {first + 1 + batch} 1")
+                    assert n == [str(batch)], n
                 finally:
                     p.close(60)
                 # another fresh executor: open, full scan
@@ -182,12 +200,15 @@ def run(keys: int, latencies: list[int], out: Path) -> dict:
                            batch_requests=r2[0] - r0[0], batch_bytes=r2[1] - r0[1],
                            total_requests=r3[0] - r0[0], total_bytes=r3[1] - r0[1],
                            shim_fetched_bytes=fetched[0], shim_fetch_requests=fetched[1],
-                           filled_ms=filled)
+                           filled_ms=filled, warm_open_ms=w_open, warm_first_get_ms=w_get,
+                           warm_open_first_get_ms=w_open + w_get, warm_open_batch_ms=w_open + w_get + w_batch,
+                           warm_restore_requests=w1[0] - w0[0], warm_restore_bytes=w1[1] - w0[1])
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-        result = dict(keys=keys, image_bytes=image_bytes, batch_keys=batch, latencies=latencies, rows=rows,
+        result = dict(keys=keys, image_bytes=image_bytes, batch_keys=batch, latencies=latencies, rows=rows, rig=rig,
                       command=" ".join(["python -m benchmarks.remote_restore", "--keys", str(keys), "--latencies",
-                                        ",".join(map(str, latencies))]))
+                                        ",".join(map(str, latencies)), "--server", server,
+                                        *(f"--jvm-flag={f}" for f in jvm_flags)]))
         write(result, out)
         return result
     finally:
@@ -208,28 +229,43 @@ def write(result: dict, out: Path) -> None:
         "",
         f"`{result['command']}` (under `nice -n 19 flock /work/spark.lock`): {result['keys']:,} keys "
         f"(long → long), row image {mib:.1f} MiB on the loopback S3 server (moto) behind the soak's proxy "
-        f"with the given latency per request; each figure from a fresh JVM and worker. `range`: "
+        f"with the given latency per request. `cold`: a fresh JVM and worker (an executor just started); "
+        f"`warm`: an executor whose JVM and worker served another store of the checkpoint before (a task "
+        f"moving to an executor that was running). `range`: "
         f"rowImages.rangeReads=true, `download`: false (the default: the whole image downloaded before "
         f"the first get). Batch: gets of {result['batch_keys']:,} keys (1%) after the open; no puts, no commit.",
         "",
-        "| latency | mode | getStore + first get | open + 1% gets | open + full scan | requests / MiB (restore) "
+        "| latency | mode | getStore + first get (cold) | (warm) | open + 1% gets (cold) | (warm) "
+        "| open + full scan (cold) | requests / MiB (restore) "
         "| requests / MiB (open + 1% gets) | requests / MiB (until the copy is complete) |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     by = {(r["latency_ms"], r["mode"]): r for r in result["rows"]}
     for r in result["rows"]:
         lines.append(
-            f"| {r['latency_ms']} ms | {r['mode']} | {r['open_first_get_ms']:,.0f} ms | {r['open_batch_ms']:,.0f} ms "
+            f"| {r['latency_ms']} ms | {r['mode']} | {r['open_first_get_ms']:,.0f} ms "
+            f"| {r['warm_open_first_get_ms']:,.0f} ms | {r['open_batch_ms']:,.0f} ms | {r['warm_open_batch_ms']:,.0f} ms "
             f"| {r['open_scan_ms']:,.0f} ms | {r['restore_requests']} / {r['restore_bytes'] / 2**20:.2f} "
             f"| {r['batch_requests']} / {r['batch_bytes'] / 2**20:.2f} | {r['total_requests']} / "
             f"{r['total_bytes'] / 2**20:.2f} |")
-    lines += ["", "Ratios, range ÷ download:", "", "| latency | getStore + first get | open + 1% gets | open + full scan |",
-              "|---|---|---|---|"]
+    rig = result.get("rig")
+    if rig:
+        lines += ["", f"The test server's share: one ranged GET of 64 KiB costs the server "
+                      f"{rig['range_get_ms_large']:.1f} ms from the {rig['object_bytes_large'] / 2**20:.1f} MiB image "
+                      f"and {rig['range_get_ms_small']:.1f} ms from a {rig['object_bytes_small'] / 2**10:.0f} KiB one "
+                      f"with no latency injected (`--server moto`: moto reads and copies the whole object for every "
+                      f"ranged GET, which S3 does not; `--server ranged`, the default, reads only the range)."]
+    lines += ["", "Ratios, range ÷ download:", "",
+              "| latency | getStore + first get (cold) | (warm) | open + 1% gets (cold) | (warm) | open + full scan |",
+              "|---|---|---|---|---|---|"]
     for latency in result["latencies"]:
         a, b = by.get((latency, "range")), by.get((latency, "download"))
         if a and b:
             lines.append(f"| {latency} ms | {a['open_first_get_ms'] / b['open_first_get_ms']:.2f}× "
-                         f"| {a['open_batch_ms'] / b['open_batch_ms']:.2f}× | {a['open_scan_ms'] / b['open_scan_ms']:.2f}× |")
+                         f"| {a['warm_open_first_get_ms'] / b['warm_open_first_get_ms']:.2f}× "
+                         f"| {a['open_batch_ms'] / b['open_batch_ms']:.2f}× "
+                         f"| {a['warm_open_batch_ms'] / b['warm_open_batch_ms']:.2f}× "
+                         f"| {a['open_scan_ms'] / b['open_scan_ms']:.2f}× |")
     (out / "results.md").write_text("\n".join(lines) + "\n")
 
 
@@ -238,8 +274,13 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=1_000_000)
     ap.add_argument("--latencies", default="0,10,50")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "remote-restore")
+    ap.add_argument("--jvm-flag", action="append", default=[],
+                    help="a JVM option for every probe, e.g. -Dspark_state.imageFillBytes=1048576 (A/B of a knob)")
+    ap.add_argument("--server", choices=("ranged", "moto"), default="ranged",
+                    help="ranged: moto whose ranged GETs read only their range, as S3's do (tests/support/moto_ranges.py); "
+                         "moto: moto as it is (every ranged GET reads the whole object)")
     args = ap.parse_args()
-    run(args.keys, [int(x) for x in args.latencies.split(",")], args.out)
+    run(args.keys, [int(x) for x in args.latencies.split(",")], args.out, tuple(args.jvm_flag), args.server)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,9 @@ so the fault schedule can raise it for a burst) it does one of:
 * ``drop``         closes the connection without a reply, before or after forwarding.
 
 ``latency_s`` in the control file delays every forwarded request by that long (an object store's
-first-byte latency, for ``benchmarks.remote_restore``); the stats count the reply bytes sent, and
-``GET /__proxy_stats`` answers the counts at once.
+first-byte latency, for ``benchmarks.remote_restore``); the stats count the reply bytes sent and the GETs
+of row images (``*.img``) with and without a byte range, and ``GET /__proxy_stats`` answers the counts at
+once (``tests/support/s3_proxy.py`` reads them).
 
 Every fault is appended to the log as one JSON line (time, kind, method, path), and the
 totals are rewritten to ``<log>.stats.json`` every few seconds, so the soak's report can
@@ -30,6 +31,7 @@ import random
 import socket
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -76,10 +78,15 @@ class FaultLog:
         self.requests = 0
         self.bytes = 0
         self.faults = {k: 0 for k in KINDS}
+        self.image_gets = {"range": 0, "whole": 0}
 
     def request(self) -> None:
         with self._lock:
             self.requests += 1
+
+    def image_get(self, ranged: bool) -> None:
+        with self._lock:
+            self.image_gets["range" if ranged else "whole"] += 1
 
     def sent(self, n: int) -> None:
         with self._lock:
@@ -163,10 +170,13 @@ def make_handler(upstream: tuple[str, int], control: Control, log: FaultLog, rng
         def _handle(self) -> None:
             if self.path == "/__proxy_stats":   # the counts now (benchmarks), not a request to S3
                 with log._lock:
-                    data = json.dumps({"requests": log.requests, "bytes": log.bytes}).encode()
+                    data = json.dumps({"requests": log.requests, "bytes": log.bytes,
+                                       "imageGets": dict(log.image_gets)}).encode()
                 self._send(200, [("Content-Type", "application/json")], data)
                 return
             log.request()
+            if self.command == "GET" and urllib.parse.urlsplit(self.path).path.endswith(".img"):
+                log.image_get("Range" in self.headers)
             body = self._body()
             kind, after = draw()
             if kind:

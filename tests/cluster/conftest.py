@@ -22,7 +22,9 @@ The session is configured to make state move and collide:
   ``snapshotInterval=2``, ``minBatchesToRetain=2``, ``fileGracePeriod=0`` on every
   query (``running_totals.CLUSTER_OPTIONS``);
 - ``SPARK_STATE_FAULT_DIR`` in the executors' environment, so a test can arm the
-  worker's fault injection points (``faults.Faults``).
+  worker's fault injection points (``faults.Faults``);
+- ``AWS_ENDPOINT_URL`` in the executors' environment: the loopback S3 server a test
+  that needs it starts (``cluster_s3``).
 
 Executor logs go under the session's tmp dir, never into the installed pyspark.
 """
@@ -54,7 +56,34 @@ def faults(cluster_dir):
 
 
 @pytest.fixture(scope="session")
-def cluster(cluster_dir, faults):
+def s3_port() -> int:
+    """The port the executors reach S3 on, fixed before they start (their ``AWS_ENDPOINT_URL``)."""
+    from tests.support.ports import free_port
+
+    return free_port()
+
+
+@pytest.fixture(scope="session")
+def cluster_s3(s3_port, cluster_dir):
+    """S3 for the executors, started by the first test that needs it: a moto server in its own process behind
+    the fault proxy (no faults) on ``s3_port``, whose counts say how the executors read row images."""
+    from tests.support import s3_server
+    from tests.support.s3_proxy import S3Proxy
+
+    endpoint, moto = s3_server.start_process()
+    proxy = None
+    try:
+        proxy = S3Proxy(int(endpoint.rsplit(":", 1)[1]), cluster_dir / "s3-proxy", port=s3_port)
+        yield endpoint, proxy
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        moto.terminate()
+        moto.wait(10)
+
+
+@pytest.fixture(scope="session")
+def cluster(cluster_dir, faults, s3_port):
     """The SparkSession on two executors with spark_state, both executors up."""
     from pyspark.sql import SparkSession
 
@@ -76,7 +105,7 @@ def cluster(cluster_dir, faults):
         os.environ["SPARK_HOME"] = str(private_spark_home(cluster_dir))
         master = "local-cluster[2,1,1024]"
     builder = SparkSession.builder.master(master).appName("spark_state cluster tests")
-    for key, value in session_conf(faults.root, pythonpath).items():
+    for key, value in session_conf(faults.root, pythonpath, s3_port).items():
         builder = builder.config(key, value)
     if standalone is not None:
         builder = builder.config("spark.driver.host", MASTER_HOST)

@@ -34,12 +34,21 @@ def private_spark_home(where: Path) -> Path:
     return home
 
 
-def session_conf(fault_dir: Path, pythonpath: str) -> dict[str, str]:
+def session_conf(fault_dir: Path, pythonpath: str, s3_port: int | None = None) -> dict[str, str]:
+    """The cluster's conf; ``s3_port``: where the executors' S3 clients go (``AWS_ENDPOINT_URL``), the proxy in
+    front of the moto server a test that needs S3 starts (conftest ``cluster_s3``); None: no S3."""
     java_opts = f"-Dlog4j2.configurationFile=file:{LOG4J}"
     # every batch's changes stream to the worker in chunks of two rows while the task runs (docs/protocol.md,
     # "Streamed commits"), so each fault below also meets a commit that was streamed
     streamed = "-Dio.sparkstate.batchRows=2 -Dio.sparkstate.streamChunkBytes=1"
+    s3 = {} if s3_port is None else {
+        "spark.executorEnv.AWS_ENDPOINT_URL": f"http://127.0.0.1:{s3_port}",
+        "spark.executorEnv.AWS_ACCESS_KEY_ID": "testing",
+        "spark.executorEnv.AWS_SECRET_ACCESS_KEY": "testing",
+        "spark.executorEnv.AWS_DEFAULT_REGION": "us-east-1",
+    }
     return {
+        **s3,
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.memory": "1g",

@@ -10,10 +10,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.support.ports import free_port, wait_listening
 
 _server = None
+_ROOT = Path(__file__).resolve().parents[2]
 
 
 def endpoint_env() -> dict[str, str]:
@@ -46,15 +48,17 @@ def make_bucket(name: str) -> None:
     boto3.client("s3", endpoint_url=start()).create_bucket(Bucket=name)
 
 
-def start_process() -> tuple[str, subprocess.Popen]:
+def start_process(ranged: bool = False) -> tuple[str, subprocess.Popen]:
     """A moto server in a process of its own, on a free port: (endpoint URL, process).
 
     For tests whose several worker processes load the endpoint hard: a server thread inside
     the test process would share its interpreter lock with the test. The caller passes the URL
-    to its processes and stops the server.
+    to its processes and stops the server. ``ranged``: ranged GETs read only their range, as S3's
+    do (``tests/support/moto_ranges.py``; moto's own read the whole object), for benchmarks of range reads.
     """
+    module = "tests.support.moto_ranges" if ranged else "moto.server"
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", module, "-H", "127.0.0.1", "-p", str(port)], cwd=_ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     if not wait_listening(port, proc, 60):
         proc.kill()
