@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -137,6 +138,25 @@ def test_the_background_fill_completes_the_local_copy_and_later_restores_fetch_n
         assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
         assert probe.ok("scan a") == [str(KEYS - 3), str(sum(range(3, KEYS)))]
         assert probe.fetched() == before, "a complete copy serves a later restore without a request"
+    finally:
+        probe.close()
+
+
+def test_the_fill_waits_for_the_first_lookup(endpoint, classes, tmp_path):
+    """A restored image nothing has read yet costs no request beyond its load's: its key filter and fill start
+    when the first lookup has its block (or a delay after the open, set to ten minutes here), so that lookup
+    does not queue behind megabytes of the image. After it, the fill completes the copy."""
+    probe = Probe(classes, tmp_path, "-Dspark_state.imageFillDelayMs=600000")
+    try:
+        build(probe, "a", tmp_path / "ckpt", 0, s3_root(endpoint))
+        before = probe.fetched()
+        probe.ok("open a 2")
+        time.sleep(1.5)
+        assert probe.fetched() == before, "the image was fetched before anything read it"
+        assert probe.ok("get a 7") == ["7"]
+        assert probe.ok("filled a 60000") == [], "the first lookup did not start the fill"
+        [copy] = probe.cached()
+        assert copy["present"] == copy["pages"], copy
     finally:
         probe.close()
 

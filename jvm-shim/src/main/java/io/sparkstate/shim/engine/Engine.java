@@ -149,8 +149,9 @@ public final class Engine {
   /**
    * A store restored over a row image on remote checkpoint storage (issue 38): opened from the tail its load
    * sent (no request), its blocks read by range through the executor's {@link ImageCache} as lookups need
-   * them, its key filter and the rest of its bytes fetched into the local copy in the background. Null,
-   * logged, when the image cannot be used (the caller loads the rows instead).
+   * them, its key filter and the rest of its bytes fetched into the local copy in the background once its
+   * first lookup has its block (or {@link ImageCache#FILL_DELAY_MS} after the open). Null, logged, when the
+   * image cannot be used (the caller loads the rows instead).
    */
   public Restore restore(StoreSpec spec, RemoteImage remote, long rows, long expectedChanges) {
     RowImage image;
@@ -169,8 +170,10 @@ public final class Engine {
           e.toString());
       return null;
     }
-    source.background(image::loadPendingFilter);
-    source.startFill();
+    source.startSoon(() -> {
+      source.background(image::loadPendingFilter);
+      source.startFill();
+    });
     return restored(spec, image, rows, expectedChanges);
   }
 

@@ -11,8 +11,10 @@ import java.security.NoSuchAlgorithmException;
 import java.util.Comparator;
 import java.util.HashMap;
 import java.util.Map;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
+import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.stream.Stream;
 
@@ -40,6 +42,12 @@ final class ImageCache {
   static final long FILL_BYTES = Math.max(RANGE_BYTES, Long.getLong("spark_state.imageFillBytes", 8L << 20));
   /** Fill loops per image (0: no background fill, tests). */
   static final int FILL_STREAMS = Math.max(0, Integer.getInteger("spark_state.imageFillStreams", 2));
+  /**
+   * Milliseconds after a restore when its image's key filter and fill start if no lookup started them
+   * earlier (the first read that reaches the copy does): the restore and its first lookup go before the
+   * megabytes, and an image nothing reads soon is not fetched at once.
+   */
+  static final long FILL_DELAY_MS = Math.max(0, Long.getLong("spark_state.imageFillDelayMs", 200));
   /** Fill threads of the executor (every image's loops share them). */
   static final int FILL_THREADS = Math.max(1, Integer.getInteger("spark_state.imageFillThreads", 4));
   /** Idle images whose page states the cache remembers at most (their files' pages count against the bound). */
@@ -234,6 +242,11 @@ final class ImageCache {
   /** Runs a job of a remote image on the fill threads (its key filter). */
   void submit(Runnable job) {
     fill.execute(job);
+  }
+
+  /** Runs a job on the fill threads {@code ms} from now. */
+  void submitLater(Runnable job, long ms) {
+    CompletableFuture.runAsync(job, CompletableFuture.delayedExecutor(ms, TimeUnit.MILLISECONDS, fill));
   }
 
   /** Starts the background fill of an image: up to {@link #FILL_STREAMS} loops, each until nothing is missing. */

@@ -3,6 +3,7 @@ package io.sparkstate.shim.engine;
 import java.io.EOFException;
 import java.io.IOException;
 import java.nio.file.Path;
+import java.util.concurrent.atomic.AtomicReference;
 
 /**
  * A remote row image's bytes as one store reads them: the tail its load sent (index, filter header,
@@ -17,6 +18,8 @@ final class RemoteSource implements BlockSource {
   private final RangeReader reader;
   private volatile RemoteImage tail;
   private volatile boolean closed;
+  /** The image's background work ({@link #startSoon}), run once. */
+  private final AtomicReference<Runnable> pending = new AtomicReference<>();
 
   RemoteSource(ImageCache cache, CachedImage image, RemoteImage remote) {
     this.cache = cache;
@@ -56,6 +59,8 @@ final class RemoteSource implements BlockSource {
       throw e;
     } catch (IOException e) {
       throw RowImageException.unfetched(name(), e);
+    } finally {
+      start();
     }
   }
 
@@ -70,7 +75,11 @@ final class RemoteSource implements BlockSource {
 
   @Override
   public void prefetch(long[] from, long[] to) throws IOException {
-    image.prefetch(from, to, reader);
+    try {
+      image.prefetch(from, to, reader);
+    } finally {
+      start();
+    }
   }
 
   @Override
@@ -95,6 +104,23 @@ final class RemoteSource implements BlockSource {
   /** Starts fetching the rest of the image into the local copy in the background. */
   void startFill() {
     cache.fill(image, reader);
+  }
+
+  /**
+   * Runs {@code work} (the key filter's load, the fill) on the fill threads after the first read that reaches
+   * the copy has its bytes, or {@link ImageCache#FILL_DELAY_MS} from now, whichever comes first: a restore's
+   * first lookup does not queue behind megabytes of its own image.
+   */
+  void startSoon(Runnable work) {
+    pending.set(work);
+    cache.submitLater(this::start, ImageCache.FILL_DELAY_MS);
+  }
+
+  private void start() {
+    Runnable work = pending.getAndSet(null);
+    if (work != null && !closed) {
+      cache.submit(work);
+    }
   }
 
   boolean isClosed() {
