@@ -222,7 +222,7 @@ DESCRIPTIONS = {
                              "the executor's local cache in the background; false: it downloads the whole image "
                              "before the first get. Local and NFS checkpoints are read in place either way. "
                              "Default false: range reads win only for large images (at 10M keys per partition the "
-                             "first get comes in 0.5-0.6x the time, a batch touching most blocks costs about "
+                             "first get comes in 0.3-0.5x the time, a batch touching most blocks costs about "
                              "1.1x; at 1M keys a download is faster): docs/large-state.md, \"Restores on object "
                              "storage\"."),
     "rowImages.cacheSize": ("Local disk an executor may use for the blocks of remote row images, all its stores "
