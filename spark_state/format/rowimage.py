@@ -623,6 +623,10 @@ class Tail:
         return sum(len(d) for d in self.data)
 
 
+#: Largest range of a tail's index read: the pieces of a large index are read at once (``read_tail``).
+TAIL_RANGE_BYTES = 1 << 20
+
+
 def read_tail(fetch: Callable[[list[tuple[int, int]]], list], name: str, size: int, rows: int) -> Tail:
     """The tail of an image of ``size`` bytes and ``rows`` records (its manifest entry says both) read by byte
     ranges through ``fetch`` (``CheckpointStorage.read_ranges``), in one round trip when the guess of where
@@ -636,11 +640,12 @@ def read_tail(fetch: Callable[[list[tuple[int, int]]], list], name: str, size: i
     index_end_guess = size - TRAILER_BYTES - filter_guess
     blocks_guess = max(1, min(rows, -(-max(index_end_guess, 0) // MIN_STORED_BLOCK_GUESS)))
     index_start_guess = max(0, index_end_guess - INDEX_ENTRY.itemsize * blocks_guess)
-    ranges = [(size - end_bytes, size)]
-    if index_end_guess > index_start_guess:
-        ranges.insert(0, (index_start_guess, index_end_guess))
-    got = dict(zip(ranges, _checked(fetch, ranges, name)))
-    end = got[(size - end_bytes, size)]
+    # the guessed index in pieces of TAIL_RANGE_BYTES, read at once (megabytes at 10M keys: one stream would
+    # read them one after the other), then the trailer with the filter header
+    ranges = [*_pieces(index_start_guess, index_end_guess), (size - end_bytes, size)]
+    chunks = _checked(fetch, ranges, name)
+    end = chunks[-1]
+    guessed = (ranges[0][0], ranges[-2][1]) if len(ranges) > 1 else (size, size)
     index_offset, _rows, blocks, index_crc, codec, flags, magic, version = _TRAILER.unpack(end[-TRAILER_BYTES:])
     if magic != MAGIC:
         raise _corrupt(name, "does not end with the row image magic")
@@ -660,16 +665,20 @@ def read_tail(fetch: Callable[[list[tuple[int, int]]], list], name: str, size: i
         raise _corrupt(name, f"has {size} bytes, but its trailer puts {blocks} index entries at byte {index_offset}")
     index = b""
     if blocks:
-        start, stop = ranges[0] if len(ranges) == 2 else (size, size)
+        start, stop = guessed
         if start <= index_offset and index_end == stop:
-            index = bytes(memoryview(got[ranges[0]])[index_offset - start:])
+            index = b"".join(chunks[:-1])[index_offset - start:]
         else:   # the guess missed: one more round trip for exactly the index
-            (index,) = _checked(fetch, [(index_offset, index_end)], name)
-            index = bytes(index)
+            index = b"".join(_checked(fetch, _pieces(index_offset, index_end), name))
     if zlib.crc32(index) != index_crc:
         raise _corrupt(name, "has a block index whose CRC-32 does not match its trailer")
     return Tail(ranges=((index_offset, index_end), (size - head, size)), data=(index, bytes(end[-head:])),
                 blocks=blocks, filter_words=words)
+
+
+def _pieces(start: int, end: int) -> list[tuple[int, int]]:
+    """[start, end) as ranges of at most TAIL_RANGE_BYTES (none when empty)."""
+    return [(a, min(a + TAIL_RANGE_BYTES, end)) for a in range(start, end, TAIL_RANGE_BYTES)]
 
 
 def _checked(fetch, ranges, name: str) -> list:

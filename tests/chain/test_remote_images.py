@@ -44,10 +44,11 @@ class Counting:
     """The store's storage, counting the round trips (read_ranges calls) made for one file."""
 
     def __init__(self, storage, path: str):
-        self.storage, self.path, self.trips = storage, path, 0
+        self.storage, self.path, self.trips, self.ranges = storage, path, 0, []
 
     def __call__(self, ranges):
         self.trips += 1
+        self.ranges += ranges
         return self.storage.read_ranges(self.path, ranges)
 
 
@@ -85,6 +86,25 @@ def test_the_tail_takes_one_round_trip_and_a_second_when_the_guess_misses(bucket
     # a row count that is not the file's puts the guessed filter elsewhere: the index is read exactly, once more
     fetch = Counting(store.storage, entry.path)
     assert rowimage.read_tail(fetch, entry.path, entry.size, entry.rows + 10_000) == tail and fetch.trips == 2
+
+
+@pytest.mark.parametrize("rows_off", [0, 10_000])
+def test_a_large_index_is_asked_for_in_pieces_in_the_same_round_trips(monkeypatch, rows_off):
+    """An index larger than TAIL_RANGE_BYTES (8 MB at 10M keys) is asked for in pieces of at most that, read at
+    once in the one round trip (two when the guess of where it starts misses): the same tail as in one piece."""
+    store = store_on(f"memory://{uuid.uuid4().hex}", **IMAGES)
+    encoded = rowimage.encode(typed({i: (i * 0x9E3779B97F4A7C15) % 2**63 for i in range(20_000)}))
+    store.storage.write_file("shared/large.img", encoded.data)
+    one_piece = rowimage.read_tail(Counting(store.storage, "shared/large.img"), "large.img", encoded.size,
+                                   encoded.rows + rows_off)
+    monkeypatch.setattr(rowimage, "TAIL_RANGE_BYTES", 1024)
+    fetch = Counting(store.storage, "shared/large.img")
+    assert rowimage.read_tail(fetch, "large.img", encoded.size, encoded.rows + rows_off) == one_piece
+    assert fetch.trips == (1 if rows_off == 0 else 2)
+    index_start, index_end = one_piece.ranges[0]
+    assert index_end - index_start > 3 * 1024
+    pieces = [r for r in fetch.ranges if r[1] <= index_end]
+    assert len(pieces) > 3 and max(b - a for a, b in pieces) <= 1024, fetch.ranges
 
 
 def test_tiny_blocks_cost_a_second_round_trip_for_the_index(tmp_path):
