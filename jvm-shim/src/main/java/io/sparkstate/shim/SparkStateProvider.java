@@ -118,15 +118,6 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
   private boolean closed;
   /** What loading {@link #live} cost, not yet reported by a store's metrics. Guarded by {@code this}. */
   private Metrics.Load unreportedLoad = Metrics.Load.NONE;
-  /** Rows the last load decoded (the stream's rows). Guarded by {@code this}. */
-  private long lastLoadRows;
-  /**
-   * Bytes the worker read from storage for the last load (both requests when an image was unusable). Guarded by
-   * {@code this}.
-   */
-  private long lastLoadBytesRead;
-  /** Whether the last load opened a row image. Guarded by {@code this}. */
-  private boolean lastLoadImage;
   /** The version this provider last loaded or committed (-1: none); maintenance retains around it. */
   private volatile long heldVersion = -1;
   /** The worker's maintenance status of this store, as it last reported it. */
@@ -278,7 +269,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     }
     // A write store is open: read a private copy so it cannot see uncommitted changes.
     noteQueryId();
-    return new SparkStateReadStore(this, load(version, null, lineage(uniqueId)), true);
+    return new SparkStateReadStore(this, load(version, null, lineage(uniqueId)).state, true);
   }
 
   private void checkVersion(long version, Option<String> uniqueId) {
@@ -308,8 +299,10 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     long t0 = System.nanoTime();
     StateVersion before = live;
     live = null;
+    Loaded loaded;
     try {
-      live = load(version, held, lineage);
+      loaded = load(version, held, lineage);
+      live = loaded.state;
     } finally {
       if (before != null && (live == null || before.rows != live.rows)) {
         before.rows.close();
@@ -317,8 +310,8 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     }
     heldVersion = version;
     if (live != held) {
-      unreportedLoad = unreportedLoad.plus(new Metrics.Load((System.nanoTime() - t0) / 1_000_000L, lastLoadRows,
-          lastLoadBytesRead, lastLoadImage ? 1 : 0));
+      unreportedLoad = unreportedLoad.plus(new Metrics.Load((System.nanoTime() - t0) / 1_000_000L, loaded.rows,
+          loaded.bytesRead, loaded.image ? 1 : 0));
     }
   }
 
@@ -329,51 +322,58 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
   }
 
   /**
-   * {@code version} from the worker (version 0 is empty without asking); {@code known} itself when it
-   * is that version and storage still holds its commit. {@code lineage}: the commit of the version Spark
-   * names (checkpoint format v2), null for the version's latest commit.
+   * {@code version} from the worker (version 0 is empty without asking), with what loading it cost;
+   * {@code known} itself when it is that version and storage still holds its commit. {@code lineage}: the
+   * commit of the version Spark names (checkpoint format v2), null for the version's latest commit.
    */
-  private StateVersion load(long version, StateVersion known, String lineage) {
-    lastLoadRows = 0;
-    lastLoadBytesRead = 0;
-    lastLoadImage = false;
+  private Loaded load(long version, StateVersion known, String lineage) {
     if (version == 0) {
-      return known != null ? known : new StateVersion(newMap(0), 0, null, format.typed());
+      return new Loaded(known != null ? known : new StateVersion(newMap(0), 0, null, format.typed()), 0, 0, false);
     }
     long t0 = System.nanoTime();
     String knownId = known == null ? null : known.commitId;
     boolean lazy = !IMAGES_FAILED.contains(stateStoreId);
-    StateVersion loaded = client.load(version, knownId, lineage, lazy, (rows, commitId, image, state) ->
+    StoreClient.Answer<Loaded> answer = client.load(version, knownId, lineage, lazy, (rows, commitId, image, state) ->
         image == null ? decodeWhole(version, rows, commitId, state) : onImage(version, rows, commitId, image, state));
-    lastLoadBytesRead = client.lastLoadBytesRead();
-    if (loaded == IMAGE_UNUSABLE) {
-      loaded = client.load(version, knownId, lineage, false, (rows, commitId, image, state) ->
+    long bytesRead = answer.bytesRead();
+    if (answer.value() == IMAGE_UNUSABLE) {
+      answer = client.load(version, knownId, lineage, false, (rows, commitId, image, state) ->
           decodeWhole(version, rows, commitId, state));
-      lastLoadBytesRead += client.lastLoadBytesRead();
+      bytesRead += answer.bytesRead();
     }
-    if (loaded == null) {
-      return known;
+    if (answer.value() == null) {
+      return new Loaded(known, 0, bytesRead, false);
     }
-    long images = loaded.rows.stats().diskRows();
+    Loaded loaded = answer.value().reading(bytesRead);
+    long images = loaded.state.rows.stats().diskRows();
     if (images > 0) {
       LOG.info("spark_state: loaded version {} of {} lazily (a row image of {} rows, the changes after it on the heap) "
           + "in {} ms", version, stateStoreId, images, (System.nanoTime() - t0) / 1_000_000L);
     } else {
-      LOG.info("spark_state: loaded version {} of {} ({} keys) in {} ms", version, stateStoreId, loaded.rows.size(),
-          (System.nanoTime() - t0) / 1_000_000L);
+      LOG.info("spark_state: loaded version {} of {} ({} keys) in {} ms", version, stateStoreId,
+          loaded.state.rows.size(), (System.nanoTime() - t0) / 1_000_000L);
     }
     return loaded;
   }
 
-  /** What a lazy load answers when the row image it names cannot be opened: load again, whole rows. */
-  private static final StateVersion IMAGE_UNUSABLE = new StateVersion(null, -1, null, false);
+  /**
+   * A version the worker answered, and what loading it cost, for the store's metrics: the rows decoded onto
+   * the heap, the bytes the worker read from storage, and whether a row image was opened.
+   */
+  private record Loaded(StateVersion state, long rows, long bytesRead, boolean image) {
+    Loaded reading(long bytes) {
+      return new Loaded(state, rows, bytes, image);
+    }
+  }
 
-  private StateVersion decodeWhole(long version, long rows, String commitId, InputStream state) throws IOException {
-    lastLoadRows = rows;
+  /** What a lazy load answers when the row image it names cannot be opened: load again, whole rows. */
+  private static final Loaded IMAGE_UNUSABLE = new Loaded(null, 0, 0, false);
+
+  private Loaded decodeWhole(long version, long rows, String commitId, InputStream state) throws IOException {
     StateMap map = newMap(rows);
     try {
       boolean typed = ArrowCodec.decodeState(state, keySchema, valueSchema, map::put);
-      return new StateVersion(map, version, commitId, typed);
+      return new Loaded(new StateVersion(map, version, commitId, typed), rows, 0, false);
     } catch (IOException | RuntimeException e) {
       map.close();
       throw e;
@@ -384,22 +384,20 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
    * A lazy load's answer: the snapshot's row image as the bottom of the store, and the {@code changes}
    * after it (deletes as null values) on top. No row of the image is decoded.
    */
-  private StateVersion onImage(long version, long changes, String commitId, StoreClient.Image image,
+  private Loaded onImage(long version, long changes, String commitId, StoreClient.Image image,
       InputStream state) throws IOException {
-    lastLoadRows = changes;
     Restore restore = image.remote()
         ? Engine.executor().restore(spec, remoteImage(image), image.rows, changes)
         : Engine.executor().restore(spec, image.path, image.rows, image.temporary, changes);
     if (restore == null) {
       return IMAGE_UNUSABLE;
     }
-    lastLoadImage = true;
     try {
       boolean typed = image.typed;
       if (changes > 0) {
         typed = ArrowCodec.decodeState(state, keySchema, valueSchema, restore::change, true);
       }
-      return new StateVersion(restore.finish(image.keys), version, commitId, typed);
+      return new Loaded(new StateVersion(restore.finish(image.keys), version, commitId, typed), changes, 0, true);
     } catch (IOException | RuntimeException e) {
       restore.abandon();
       throw e;

@@ -142,7 +142,6 @@ public final class StoreClient {
   private final ObjectNode optionsNode;
   private final LongAdder restarts = new LongAdder();
   /** Bytes the worker read from checkpoint storage to answer the last {@code load} (its reply's bytesRead). */
-  private volatile long lastLoadBytesRead;
   /** The store's identity as requests send it; replaced whole (never mutated), so requests need no lock. */
   private volatile ObjectNode store;
 
@@ -212,11 +211,11 @@ public final class StoreClient {
   }
 
   /**
-   * Bytes of checkpoint data files the worker read from storage to answer this store's last {@code load}
-   * (chain files, a row image downloaded whole or its tail; 0 when unchanged).
+   * What {@link #load} answers: what the loader read (null when the caller's copy is current), and the bytes of
+   * checkpoint data files the worker read from storage to answer (chain files, a row image downloaded whole
+   * or its tail; 0 when unchanged).
    */
-  public long lastLoadBytesRead() {
-    return lastLoadBytesRead;
+  public record Answer<T>(T value, long bytesRead) {
   }
 
   /** Worker restarts this store's requests made. */
@@ -225,11 +224,11 @@ public final class StoreClient {
   }
 
   /**
-   * {@code load}: the rows of {@code version}, read by {@code loader}; or null when {@code knownCommitId}
+   * {@code load}: the rows of {@code version}, read by {@code loader}; or a null value when {@code knownCommitId}
    * is what storage still holds for it (the caller's copy is current). {@code images}: the caller looks keys
    * up in row images, so the worker may name the snapshot's image and send only the changes after it.
    */
-  public <T> T load(long version, String knownCommitId, boolean images, Loader<T> loader) {
+  public <T> Answer<T> load(long version, String knownCommitId, boolean images, Loader<T> loader) {
     return load(version, knownCommitId, null, images, loader);
   }
 
@@ -237,7 +236,8 @@ public final class StoreClient {
    * {@code load} of one commit of {@code version}: {@code checkpointId} (null: the latest commit) is the commit
    * id Spark names the version by (checkpoint format v2); the worker fails when storage holds no such commit.
    */
-  public <T> T load(long version, String knownCommitId, String checkpointId, boolean images, Loader<T> loader) {
+  public <T> Answer<T> load(long version, String knownCommitId, String checkpointId, boolean images,
+      Loader<T> loader) {
     ObjectNode h = request(OP_LOAD);
     h.put("version", version);
     if (knownCommitId != null) {
@@ -250,13 +250,10 @@ public final class StoreClient {
       h.put("images", true);
       h.put("ranges", true);
     }
-    lastLoadBytesRead = 0;
-    return send(h, null, (reply, body) -> {
-      lastLoadBytesRead = reply.path("bytesRead").asLong(0);
-      return reply.path("unchanged").asBoolean(false) ? null
-          : loader.read(reply.path("rows").asLong(0), reply.path("commitId").asText(null),
-              reply.hasNonNull("image") ? new Image(reply.get("image"), reply, body) : null, body);
-    });
+    return send(h, null, (reply, body) -> new Answer<>(reply.path("unchanged").asBoolean(false) ? null
+        : loader.read(reply.path("rows").asLong(0), reply.path("commitId").asText(null),
+            reply.hasNonNull("image") ? new Image(reply.get("image"), reply, body) : null, body),
+        reply.path("bytesRead").asLong(0)));
   }
 
   /** Reads the bytes a {@link #fetch} answers, exactly the ranges' lengths one after the other. */
