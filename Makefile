@@ -25,8 +25,8 @@ demo: $(BASE)
 COMPAT ?= 1
 
 test: install
-	$(PY) -m pytest -q $(PYTEST_ARGS)
-	$(PY) -m pytest -q tests/cluster $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=5 tests/cluster $(PYTEST_ARGS)
 ifneq ($(COMPAT),0)
 	$(PY) -m tests.compat.run $(COMPAT_ARGS)
 endif
