@@ -117,9 +117,13 @@ final class RemoteSource implements BlockSource {
   }
 
   private void start() {
-    Runnable work = pending.getAndSet(null);
+    Runnable work = pending.get() == null ? null : pending.getAndSet(null);
     if (work != null && !closed) {
-      cache.submit(work);
+      cache.submit(() -> {
+        if (!closed) {   // the fill pool may be busy: the store may have closed meanwhile
+          work.run();
+        }
+      });
     }
   }
 
@@ -147,6 +151,7 @@ final class RemoteSource implements BlockSource {
     if (!closed) {
       closed = true;
       tail = null;
+      pending.set(null);   // the timer's job no longer holds the image's index and the store's client
       cache.release(image);
     }
   }

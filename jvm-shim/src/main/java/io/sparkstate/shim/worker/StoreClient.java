@@ -141,7 +141,6 @@ public final class StoreClient {
   private final Options options;
   private final ObjectNode optionsNode;
   private final LongAdder restarts = new LongAdder();
-  /** Bytes the worker read from checkpoint storage to answer the last {@code load} (its reply's bytesRead). */
   /** The store's identity as requests send it; replaced whole (never mutated), so requests need no lock. */
   private volatile ObjectNode store;
 
