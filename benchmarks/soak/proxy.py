@@ -12,7 +12,8 @@ so the fault schedule can raise it for a burst) it does one of:
 * ``drop``         closes the connection without a reply, before or after forwarding.
 
 ``latency_s`` in the control file delays every forwarded request by that long (an object store's
-first-byte latency, for ``benchmarks.remote_restore``); the stats count the reply bytes sent and the GETs
+first-byte latency, for ``benchmarks.remote_restore``). A request no fault strikes has its reply passed on as it
+arrives (a client that stops reading stops the transfer, as on S3); the stats count the reply bytes sent and the GETs
 of row images (``*.img``) with and without a byte range, and ``GET /__proxy_stats`` answers the counts at
 once (``tests/support/s3_proxy.py`` reads them).
 
@@ -143,6 +144,35 @@ def make_handler(upstream: tuple[str, int], control: Control, log: FaultLog, rng
             finally:
                 conn.close()
 
+        def _stream(self, body: bytes) -> None:
+            """Forwards a request no fault strikes, passing the reply's body on as it arrives: a client that
+            stops reading (s3fs reads a large object's first GET only for its size, then in ranges) stops the
+            transfer, as on S3, and only the bytes sent are counted."""
+            conn = http.client.HTTPConnection(*upstream, timeout=120)
+            try:
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+                conn.request(self.command, self.path, body=body or None, headers=headers)
+                reply = conn.getresponse()
+                length = reply.getheader("Content-Length")
+                if length is None and self.command != "HEAD":   # no length to announce: pass it on whole
+                    data = reply.read()
+                    log.sent(len(data))
+                    self._send(reply.status, [(k, v) for k, v in reply.getheaders() if k.lower() not in _HOP], data)
+                    return
+                self.send_response_only(reply.status)
+                for k, v in reply.getheaders():
+                    if k.lower() not in _HOP and k.lower() != "content-length":
+                        self.send_header(k, v)
+                self.send_header("Content-Length", length or "0")
+                self.end_headers()
+                if self.command == "HEAD":
+                    return
+                while chunk := reply.read(1 << 16):
+                    self.wfile.write(chunk)
+                    log.sent(len(chunk))
+            finally:
+                conn.close()
+
         def _send(self, status: int, headers: list[tuple[str, str]], data: bytes, slow: bool = False) -> None:
             self.send_response_only(status)
             for k, v in headers:
@@ -191,6 +221,9 @@ def make_handler(upstream: tuple[str, int], control: Control, log: FaultLog, rng
                     raise Dropped
                 if control.latency_s > 0:
                     time.sleep(control.latency_s)
+                if kind is None:
+                    self._stream(body)
+                    return
                 status, headers, data = self._forward(body)
                 if self.command != "HEAD":
                     log.sent(len(data))
