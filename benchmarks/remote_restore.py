@@ -61,6 +61,19 @@ class Probe(ProbeProcess):
         return (time.perf_counter() - t0) * 1000, out
 
 
+def restore_and_batch(p: Probe, proxy: S3Proxy, first: int, batch: int):
+    """Times the open of store a's version 2, its first get (key ``first``) and the batch of ``batch`` keys
+    after it; answers those times (ms) and the proxy's counts before the open, after the get, after the batch."""
+    before = counts(proxy)
+    t_open, _ = p.timed("open a 2")
+    t_get, got = p.timed(f"get a {first}")
+    assert got == [str(first)], got
+    restored = counts(proxy)
+    t_batch, n = p.timed(f"check a {first + 1} {first + 1 + batch} 1")
+    assert n == [str(batch)], n
+    return (t_open, t_get, t_batch), (before, restored, counts(proxy))
+
+
 def counts(proxy: S3Proxy) -> tuple[int, int]:
     """(requests, bytes) the proxy forwarded so far."""
     s = proxy.stats()
@@ -148,14 +161,7 @@ def run(keys: int, latencies: list[int], out: Path, jvm_flags: tuple[str, ...] =
                 try:
                     p.ok(spec)
                     p.ok("fetched")   # the worker is up before the clock starts
-                    r0 = counts(proxy)
-                    t_open, _ = p.timed("open a 2")
-                    t_get, got = p.timed(f"get a {first}")
-                    assert got == [str(first)], got
-                    r1 = counts(proxy)
-                    t_batch, n = p.timed(f"check a {first + 1} {first + 1 + batch} 1")
-                    assert n == [str(batch)], n
-                    r2 = counts(proxy)
+                    (t_open, t_get, t_batch), (r0, r1, r2) = restore_and_batch(p, proxy, first, batch)
                     fetched = [int(x) for x in p.ok("fetched")]
                     filled = None
                     if ranges:
@@ -173,13 +179,7 @@ def run(keys: int, latencies: list[int], out: Path, jvm_flags: tuple[str, ...] =
                     p.ok(spec)
                     p.ok("open w 1")
                     assert p.ok("get w 5") == ["5"]
-                    w0 = counts(proxy)
-                    w_open, _ = p.timed("open a 2")
-                    w_get, got = p.timed(f"get a {first}")
-                    assert got == [str(first)], got
-                    w1 = counts(proxy)
-                    w_batch, n = p.timed(f"check a {first + 1} {first + 1 + batch} 1")
-                    assert n == [str(batch)], n
+                    (w_open, w_get, w_batch), (w0, w1, _) = restore_and_batch(p, proxy, first, batch)
                 finally:
                     p.close(60)
                 # another fresh executor: open, full scan
