@@ -101,15 +101,17 @@ final class RemoteSource implements BlockSource {
     tail = null;
   }
 
-  /** Starts fetching the rest of the image into the local copy in the background. */
+  /** Starts fetching the rest of the image into the local copy in the background (not once closed). */
   void startFill() {
-    cache.fill(image, reader);
+    if (!closed) {
+      cache.fill(image, reader);
+    }
   }
 
   /**
-   * Runs {@code work} (the key filter's load, the fill) on the fill threads after the first read that reaches
-   * the copy has its bytes, or {@link ImageCache#FILL_DELAY_MS} from now, whichever comes first: a restore's
-   * first lookup does not queue behind megabytes of its own image.
+   * Starts {@code work} (it only hands the key filter's load and the fill to the fill threads) after the first
+   * read that reaches the copy has its bytes, or {@link ImageCache#FILL_DELAY_MS} from now, whichever comes
+   * first: a restore's first lookup does not queue behind megabytes of its own image.
    */
   void startSoon(Runnable work) {
     pending.set(work);
@@ -119,11 +121,7 @@ final class RemoteSource implements BlockSource {
   private void start() {
     Runnable work = pending.get() == null ? null : pending.getAndSet(null);
     if (work != null && !closed) {
-      cache.submit(() -> {
-        if (!closed) {   // the fill pool may be busy: the store may have closed meanwhile
-          work.run();
-        }
-      });
+      work.run();
     }
   }
 
