@@ -20,8 +20,9 @@ each command:
 * ``open``: ``getReadStore(2)`` on a new provider, then ``first get``: one key's lookup;
 * ``batch``: lookups of 1% of the keys (a contiguous range of keys: their hashes spread over every block),
   right after the open; ``open + batch`` is what a task moving to a fresh executor pays before its puts;
-* ``warm``: the same open, first get and batch in a JVM (and worker) that opened and read another store of
-  the checkpoint first (partition 1, 1,000 keys): an executor that was running when the task moved to it;
+* ``warm``: the same open, first get and batch in a JVM (and worker) that restored and read another store of
+  the checkpoint first (partition 1, 1,000 keys, its image and changes after it): an executor that was
+  running when the task moved to it;
 * ``scan``: in another fresh JVM, ``getReadStore(2)`` then a full scan of the store;
 * bytes and requests the proxy forwarded for the restore (open + first get: with range reads, the
   background fill's first requests are under way by then and counted), for open + batch, and until the
@@ -135,6 +136,7 @@ def run(keys: int, latencies: list[int], out: Path, jvm_flags: tuple[str, ...] =
             p.ok(f"provider w {ckpt} {sys.executable} 1 {' '.join(options(root, True))}")
             assert p.ok("write w 0 0 1000 1") == ["1"]
             p.ok("drain")
+            assert p.ok("remove w 1 0 1 2") == ["2"]   # its restores read an image and changes, as a's do
         finally:
             p.close(120)
         fs = fsspec.filesystem("s3", client_kwargs={"endpoint_url": endpoint})
@@ -177,7 +179,7 @@ def run(keys: int, latencies: list[int], out: Path, jvm_flags: tuple[str, ...] =
                 try:
                     p.ok(f"provider w {ckpt} {sys.executable} 1 {' '.join(options(root, ranges))}")
                     p.ok(spec)
-                    p.ok("open w 1")
+                    p.ok("open w 2")
                     assert p.ok("get w 5") == ["5"]
                     (w_open, w_get, w_batch), (w0, w1, _) = restore_and_batch(p, proxy, first, batch)
                 finally:

@@ -112,6 +112,18 @@ class Dropped(Exception):
     """The proxy closes this connection without a reply."""
 
 
+#: A file to append one JSON line per forwarded request to (start, end, method, path, range): where a
+#: restore's time goes, request by request (benchmarks; off unless SPARK_STATE_PROXY_TRACE names a file).
+_TRACE = os.environ.get("SPARK_STATE_PROXY_TRACE")
+_TRACE_LOCK = threading.Lock()
+
+
+def _trace(started: float, method: str, path: str, ranged: str) -> None:
+    line = json.dumps({"t0": started, "t1": time.time(), "m": method, "path": path, "range": ranged})
+    with _TRACE_LOCK, open(_TRACE, "a") as f:
+        f.write(line + "\n")
+
+
 def make_handler(upstream: tuple[str, int], control: Control, log: FaultLog, rng: random.Random):
     lock = threading.Lock()
 
@@ -125,6 +137,9 @@ def make_handler(upstream: tuple[str, int], control: Control, log: FaultLog, rng
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # a reply is written in pieces (status and headers, then the body): with Nagle's algorithm on, a
+        # keep-alive client's delayed ACK holds the body back 40 ms, which S3 never adds
+        disable_nagle_algorithm = True
 
         def log_message(self, *args) -> None:   # one line per request would drown the soak's log
             pass
@@ -205,6 +220,7 @@ def make_handler(upstream: tuple[str, int], control: Control, log: FaultLog, rng
                 self._send(200, [("Content-Type", "application/json")], data)
                 return
             log.request()
+            started = time.time()
             if self.command == "GET" and urllib.parse.urlsplit(self.path).path.endswith(".img"):
                 log.image_get("Range" in self.headers)
             body = self._body()
@@ -223,6 +239,8 @@ def make_handler(upstream: tuple[str, int], control: Control, log: FaultLog, rng
                     time.sleep(control.latency_s)
                 if kind is None:
                     self._stream(body)
+                    if _TRACE:
+                        _trace(started, self.command, self.path, self.headers.get("Range", ""))
                     return
                 status, headers, data = self._forward(body)
                 if self.command != "HEAD":

@@ -9,7 +9,8 @@ one block decompression and a scan of ~100 records. The worker writes one beside
 (derived from it, so the two cannot disagree); the JVM writes them as spill runs. All integers
 little-endian::
 
-    [block 0] ... [block B-1] [index: B entries of 40 bytes] [filter words] [filter header] [trailer: 40 bytes]
+    [block 0] ... [block B-1] [index: B entries of 40 bytes] [filter words] [filter header]
+    [page directory: P entries of 32 bytes] [directory header] [trailer: 40 bytes]
 
 record     i32 kg (key group, pmod(hash, maxParallelism)), i32 hash (Spark's Murmur3 of the key),
            i32 keyLength, i32 valueLength (-1: a tombstone, the key is deleted, no value bytes),
@@ -25,10 +26,20 @@ index      per block: u64 firstSortKey, u64 lastSortKey, u64 offset, u32 storedL
 filter     (format version 2, flag ``FILTER``) W u64 words of a Bloom filter over the records' hashes
            (``spark_state.format.keyfilter``: W = max(1, ceil(10 * records / 64)), k = 7), then a
            16-byte header: u32 W, u32 k (1..30), u32 crc32 of the words, u32 reserved (0).
-trailer    u64 indexOffset, u64 records, u32 blockCount, u32 indexCrc32, u32 codec, u32 flags
-           (bit 0 ``TOMBSTONES``: the file holds tombstones, snapshot images never do; bit 1 ``FILTER``:
-           the filter is there), then the magic ``SPKSTRI`` and the format version byte (2; 1 has
-           no filter and no flag but bit 0). This writer always writes version 2 with a filter.
+directory  (format version 3, flag ``PAGED``) the index cut into pages of E consecutive entries (the last
+           may be shorter), P = ceil(B / E): per page u64 firstSortKey of its first block, u64 lastSortKey
+           of its last, u64 offset of its first block, u32 crc32 of the page's index bytes, u32 records
+           of its blocks; then a 16-byte header: u32 P, u32 E, u32 crc32 of the entries followed by the
+           header's first 8 bytes (P and E), u32 reserved (0).
+           A reader by byte range opens the image from the file's last few KiB (directory, headers,
+           trailer) and reads an index page, checked by its own CRC, when a lookup first needs it: the
+           open costs the same at a thousand keys or a hundred million (issue 38).
+trailer    u64 indexOffset, u64 records, u32 blockCount, u32 indexCrc32 (of the whole index), u32 codec,
+           u32 flags (bit 0 ``TOMBSTONES``: the file holds tombstones, snapshot images never do; bit 1
+           ``FILTER``: the filter is there; bit 2 ``PAGED``: the directory is there), then the magic
+           ``SPKSTRI`` and the format version byte (3; 2 has no directory, 1 no filter either). This
+           writer always writes version 3 with a filter and a directory; the JVM's spill runs, read only
+           from a local disk, are version 2.
 
 A reader checks the magic and version (a newer version is a FormatVersionError: upgrade spark_state),
 that trailer, index, filter and blocks add up to the file's size, the index's and the filter's CRCs
@@ -51,6 +62,7 @@ Writing is vectorised: keys and values are encoded straight into each chunk of b
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 from collections import deque
@@ -65,16 +77,18 @@ import zstandard
 from spark_state.errors import ChecksumMismatch, FormatVersionError
 from spark_state.format import tables, unsaferow
 from spark_state.format.datafile import crc32_hex
-from spark_state.format.keyfilter import MAX_K, KeyFilter, words_for
+from spark_state.format.keyfilter import MAX_K, KeyFilter
 
 MAGIC = b"SPKSTRI"
-#: The format version this code writes, and the newest it reads (1: no key filter).
-VERSION = 2
+#: The format version this code writes, and the newest it reads (1: no key filter; 2: no page directory).
+VERSION = 3
 RAW, ZSTD = 0, 1
-#: Trailer flags: the file holds tombstones (records with valueLength -1); the key filter is there (version 2).
+#: Trailer flags: the file holds tombstones (records with valueLength -1); the key filter is there (version 2);
+#: the index's page directory is there (version 3).
 TOMBSTONES = 1
 FILTER = 2
-_FLAGS = {1: TOMBSTONES, 2: TOMBSTONES | FILTER}   # the flags each version knows
+PAGED = 4
+_FLAGS = {1: TOMBSTONES, 2: TOMBSTONES | FILTER, 3: TOMBSTONES | FILTER | PAGED}   # the flags each version knows
 BLOCK_BYTES = 4 * 1024
 HEADER_BYTES = 16
 INDEX_ENTRY = np.dtype([("first", "<u8"), ("last", "<u8"), ("offset", "<u8"), ("stored", "<u4"),
@@ -84,10 +98,38 @@ TRAILER_BYTES = _TRAILER.size
 _HEADER = struct.Struct("<iiii")
 _FILTER_HEADER = struct.Struct("<IIII")   # W, k, crc32 of the words, reserved
 FILTER_HEADER_BYTES = _FILTER_HEADER.size
+
+
+def _page_entries() -> int:
+    """Index entries per page of the directory: 1,024 (40 KiB of index, one range request of a reader), or
+    fewer where a test that needs many pages of a small image sets SPARK_STATE_IMAGE_PAGE_ENTRIES (a value
+    that is not a positive integer is ignored)."""
+    value = os.environ.get("SPARK_STATE_IMAGE_PAGE_ENTRIES", "")
+    return int(value) if value.isdigit() and int(value) > 0 else 1024
+
+
+#: Index entries per page of the directory (version 3).
+PAGE_ENTRIES = _page_entries()
+PAGE_ENTRY = np.dtype([("first", "<u8"), ("last", "<u8"), ("offset", "<u8"), ("crc", "<u4"), ("records", "<u4")])
+_PAGES_HEADER = struct.Struct("<IIII")    # P, E, crc32 of the entries and of P and E, reserved
+PAGES_HEADER_BYTES = _PAGES_HEADER.size
 #: Raw bytes of records encoded at once (whole blocks): bounds the encoder's memory whatever the file size.
 CHUNK_BYTES = 8 * 1024 * 1024
 
-assert INDEX_ENTRY.itemsize == 40 and TRAILER_BYTES == 40
+assert INDEX_ENTRY.itemsize == 40 and TRAILER_BYTES == 40 and PAGE_ENTRY.itemsize == 32
+
+
+def page_directory(index: np.ndarray, index_bytes: bytes, per_page: int = PAGE_ENTRIES) -> np.ndarray:
+    """The directory of an index (version 3): per page of ``per_page`` entries, its first and last sort keys,
+    its first block's offset, the CRC-32 of its bytes and its record count."""
+    pages = -(-len(index) // per_page)
+    out = np.zeros(pages, dtype=PAGE_ENTRY)
+    step = per_page * INDEX_ENTRY.itemsize
+    for p in range(pages):
+        entries = index[p * per_page:(p + 1) * per_page]
+        out[p] = (entries["first"][0], entries["last"][-1], entries["offset"][0],
+                  zlib.crc32(index_bytes[p * step:(p + 1) * step]), int(entries["records"].sum()))
+    return out
 
 
 
@@ -211,10 +253,14 @@ class ImageWriter:
         hashes = np.concatenate(self._hashes) if self._hashes else np.zeros(0, dtype=np.uint32)
         key_filter = KeyFilter.of(hashes, self._rows)
         filter_bytes = key_filter.to_bytes()
-        flags = FILTER | (TOMBSTONES if self._tombstones else 0)
+        flags = FILTER | PAGED | (TOMBSTONES if self._tombstones else 0)
+        directory = page_directory(index, index_bytes, PAGE_ENTRIES).tobytes()
         self._emit(index_bytes)
         self._emit(filter_bytes)
         self._emit(_FILTER_HEADER.pack(len(key_filter.words), key_filter.k, zlib.crc32(filter_bytes), 0))
+        pages = len(directory) // PAGE_ENTRY.itemsize
+        self._emit(directory)
+        self._emit(_PAGES_HEADER.pack(pages, PAGE_ENTRIES, _directory_crc(directory, pages, PAGE_ENTRIES), 0))
         self._emit(_TRAILER.pack(index_offset, self._rows, len(index), zlib.crc32(index_bytes), self._codec, flags,
                                  MAGIC, VERSION))
         return WrittenImage(self._rows, self._size, f"crc32:{self._crc:08x}", len(index), self._tombstones,
@@ -415,6 +461,19 @@ class Record(NamedTuple):
 DELETED = object()
 
 
+def _directory_crc(entries: bytes, pages: int, per_page: int) -> int:
+    """The directory's CRC-32: its entries, then P and E (a flipped P or E is caught like a flipped entry)."""
+    return zlib.crc32(struct.pack("<II", pages, per_page), zlib.crc32(entries))
+
+
+def _check_pages_header(name: str, header: tuple[int, int, int, int]) -> tuple[int, int, int]:
+    pages, per_page, crc, reserved = header
+    if per_page < 1 or reserved != 0:
+        raise _corrupt(name, f"has a directory header of {pages} pages of {per_page} entries and reserved "
+                             f"{reserved:#x}, which no writer made")
+    return pages, per_page, crc
+
+
 def _corrupt(name: str, why: str) -> ChecksumMismatch:
     return ChecksumMismatch(
         f"row image {name} {why}; it is corrupted or truncated. It is derived state: rebuild it (or read "
@@ -452,25 +511,42 @@ class RowImage:
         self.version = version
         self.tombstones = bool(flags & TOMBSTONES)
         index_end = index_offset + blocks * INDEX_ENTRY.itemsize
-        filter_words, k, filter_crc = self._filter_header(size) if flags & FILTER else (0, 0, 0)
+        pages, per_page, pages_crc = self._pages_header(size) if flags & PAGED else (0, 0, 0)
+        directory_bytes = (PAGE_ENTRY.itemsize * pages + PAGES_HEADER_BYTES) if flags & PAGED else 0
+        filter_words, k, filter_crc = self._filter_header(size - directory_bytes) if flags & FILTER else (0, 0, 0)
         filter_end = index_end + (8 * filter_words + FILTER_HEADER_BYTES if flags & FILTER else 0)
-        if filter_end + TRAILER_BYTES != size:
+        if filter_end + directory_bytes + TRAILER_BYTES != size:
             raise _corrupt(name, f"has {size} bytes, but its trailer puts {blocks} index entries at byte "
                                  f"{index_offset}" + (f", followed by a filter of {filter_words} words"
-                                                      if flags & FILTER else ""))
+                                                      if flags & FILTER else "")
+                           + (f" and a directory of {pages} pages" if flags & PAGED else ""))
         (index_bytes,) = self._read([(index_offset, index_end)])
         if zlib.crc32(index_bytes) != index_crc:
             raise _corrupt(name, "has a block index whose CRC-32 does not match its trailer")
         self.index = np.frombuffer(bytes(index_bytes), dtype=INDEX_ENTRY)
         self._check_index(index_offset)
+        if flags & PAGED:
+            (directory,) = self._read([(filter_end, filter_end + PAGE_ENTRY.itemsize * pages)])
+            if _directory_crc(directory, pages, per_page) != pages_crc:
+                raise _corrupt(name, "has a page directory whose CRC-32 does not match its header")
+            if bytes(directory) != page_directory(self.index, bytes(index_bytes), per_page).tobytes():
+                raise _corrupt(name, "has a page directory that does not describe its block index")
         #: the key filter (None: a version-1 file, or one written without it: every key is looked up)
         self.filter = None if not flags & FILTER else self._filter(index_end, filter_words, k, filter_crc)
 
-    def _filter_header(self, size: int) -> tuple[int, int, int]:
-        """(W, k, crc) of the filter header right before the trailer, their ranges checked."""
-        if size < TRAILER_BYTES + FILTER_HEADER_BYTES:
-            raise _corrupt(self.name, f"has {size} bytes, too few for its trailer and filter header")
-        (header,) = self._read([(size - TRAILER_BYTES - FILTER_HEADER_BYTES, size - TRAILER_BYTES)])
+    def _pages_header(self, size: int) -> tuple[int, int, int]:
+        """(P, E, crc) of the directory header right before the trailer (version 3), their ranges checked."""
+        if size < TRAILER_BYTES + PAGES_HEADER_BYTES:
+            raise _corrupt(self.name, f"has {size} bytes, too few for its trailer and directory header")
+        (header,) = self._read([(size - TRAILER_BYTES - PAGES_HEADER_BYTES, size - TRAILER_BYTES)])
+        return _check_pages_header(self.name, _PAGES_HEADER.unpack(header))
+
+    def _filter_header(self, end: int) -> tuple[int, int, int]:
+        """(W, k, crc) of the filter header that ends ``end - TRAILER_BYTES`` (right before the trailer, or the
+        directory), their ranges checked."""
+        if end < TRAILER_BYTES + FILTER_HEADER_BYTES:
+            raise _corrupt(self.name, f"has {self.size} bytes, too few for its trailer and filter header")
+        (header,) = self._read([(end - TRAILER_BYTES - FILTER_HEADER_BYTES, end - TRAILER_BYTES)])
         words, k, crc, reserved = _FILTER_HEADER.unpack(header)
         if words < 1 or not 1 <= k <= MAX_K or reserved != 0:
             raise _corrupt(self.name, f"has a key filter header of {words} words, {k} bits per key and reserved "
@@ -602,18 +678,19 @@ def lookup(source, kg: int, h: int, key: bytes, *, name: str = "row image", size
     return RowImage(source, name, size=size, verify=verify).lookup(kg, h, key)
 
 
-#: A remote image's index is fetched with its trailer in one round trip from a guess of where it starts: at
-#: most one block index entry per this many bytes of blocks (a stored 4 KiB block below 512 bytes is rare; a
-#: smaller one costs a second round trip, never a wrong answer).
+#: A remote image's page directory is fetched with its trailer in one round trip from a guess of its size: at
+#: most one block per this many bytes of the file (a stored 4 KiB block below 512 bytes is rare; smaller ones
+#: cost a second round trip, never a wrong answer).
 MIN_STORED_BLOCK_GUESS = 512
 
 
 @dataclass(frozen=True)
 class Tail:
-    """What a reader needs of an image before its first lookup, by byte range: the block index, and the
-    filter header (when there is a filter) with the trailer. Not the blocks, not the filter's words."""
+    """What a reader needs of an image before its first lookup, by byte range: the file's last bytes (filter
+    header, page directory and its header, trailer), and of an image older than version 3 its whole block
+    index before them. Not the blocks, not the index pages, not the filter's words."""
 
-    ranges: tuple[tuple[int, int], ...]   # [start, end) in the file: the index, then the end of the file
+    ranges: tuple[tuple[int, int], ...]   # [start, end) in the file: (before version 3, the index, then) the end
     data: tuple[bytes, ...]
     blocks: int
     filter_words: int
@@ -629,23 +706,17 @@ TAIL_RANGE_BYTES = 1 << 20
 
 def read_tail(fetch: Callable[[list[tuple[int, int]]], list], name: str, size: int, rows: int) -> Tail:
     """The tail of an image of ``size`` bytes and ``rows`` records (its manifest entry says both) read by byte
-    ranges through ``fetch`` (``CheckpointStorage.read_ranges``), in one round trip when the guess of where
-    the index starts holds (see MIN_STORED_BLOCK_GUESS): the trailer with the filter header, and the bytes
-    before the filter a writer of ``rows`` records leaves (``keyfilter``'s size). Trailer, sizes and index
-    CRC are checked as ``RowImage`` checks them (ChecksumMismatch, FormatVersionError)."""
-    end_bytes = min(size, TRAILER_BYTES + FILTER_HEADER_BYTES)
+    ranges through ``fetch`` (``CheckpointStorage.read_ranges``): of a version-3 image, its last bytes (filter
+    header, page directory, directory header, trailer) in one round trip when the guess of the directory's size
+    holds (see MIN_STORED_BLOCK_GUESS), a few KiB at any size; of an older one, the trailer, then the whole
+    index. Trailer, sizes and the directory's (or the index's) CRC are checked as ``RowImage`` checks them
+    (ChecksumMismatch, FormatVersionError)."""
     if size < TRAILER_BYTES:
         raise _corrupt(name, f"has {size} bytes, fewer than its {TRAILER_BYTES}-byte trailer")
-    filter_guess = 8 * words_for(rows) + FILTER_HEADER_BYTES
-    index_end_guess = size - TRAILER_BYTES - filter_guess
-    blocks_guess = max(1, min(rows, -(-max(index_end_guess, 0) // MIN_STORED_BLOCK_GUESS)))
-    index_start_guess = max(0, index_end_guess - INDEX_ENTRY.itemsize * blocks_guess)
-    # the guessed index in pieces of TAIL_RANGE_BYTES, read at once (megabytes at 10M keys: one stream would
-    # read them one after the other), then the trailer with the filter header
-    ranges = [*_pieces(index_start_guess, index_end_guess), (size - end_bytes, size)]
-    chunks = _checked(fetch, ranges, name)
-    end = chunks[-1]
-    guessed = (ranges[0][0], ranges[-2][1]) if len(ranges) > 1 else (size, size)
+    blocks_guess = max(1, min(rows, -(-size // MIN_STORED_BLOCK_GUESS)))
+    guess = min(size, TRAILER_BYTES + PAGES_HEADER_BYTES + FILTER_HEADER_BYTES
+                + PAGE_ENTRY.itemsize * -(-blocks_guess // PAGE_ENTRIES))
+    (end,) = _checked(fetch, [(size - guess, size)], name)
     index_offset, _rows, blocks, index_crc, codec, flags, magic, version = _TRAILER.unpack(end[-TRAILER_BYTES:])
     if magic != MAGIC:
         raise _corrupt(name, "does not end with the row image magic")
@@ -654,25 +725,35 @@ def read_tail(fetch: Callable[[list[tuple[int, int]]], list], name: str, size: i
                                  f"this spark_state reads; upgrade spark_state on the executors.")
     if version < 1 or codec not in (RAW, ZSTD) or flags & ~_FLAGS[version]:
         raise _corrupt(name, f"has format version {version}, codec {codec} and flags {flags:#x}, which no writer made")
-    words = 0
-    if flags & FILTER:
-        if len(end) < TRAILER_BYTES + FILTER_HEADER_BYTES:
-            raise _corrupt(name, f"has {size} bytes, too few for its trailer and filter header")
-        words = _FILTER_HEADER.unpack(end[:FILTER_HEADER_BYTES])[0]
-    head = TRAILER_BYTES + (FILTER_HEADER_BYTES if flags & FILTER else 0)
+    pages = per_page = 0
+    directory_bytes = 0
+    if flags & PAGED:
+        if len(end) < TRAILER_BYTES + PAGES_HEADER_BYTES:
+            raise _corrupt(name, f"has {size} bytes, too few for its trailer and directory header")
+        pages, per_page, pages_crc = _check_pages_header(
+            name, _PAGES_HEADER.unpack(end[-TRAILER_BYTES - PAGES_HEADER_BYTES:-TRAILER_BYTES]))
+        directory_bytes = PAGE_ENTRY.itemsize * pages + PAGES_HEADER_BYTES
+    head = TRAILER_BYTES + directory_bytes + (FILTER_HEADER_BYTES if flags & FILTER else 0)
+    if head > size:
+        raise _corrupt(name, f"has {size} bytes, too few for its trailer and a directory of {pages} pages")
+    if head > len(end):   # the guess missed: one more round trip for exactly the tail
+        (end,) = _checked(fetch, [(size - head, size)], name)
+    end = bytes(end[-head:])
+    words = _FILTER_HEADER.unpack(end[:FILTER_HEADER_BYTES])[0] if flags & FILTER else 0
     index_end = index_offset + INDEX_ENTRY.itemsize * blocks
-    if words < 0 or index_end + (8 * words + FILTER_HEADER_BYTES if flags & FILTER else 0) + TRAILER_BYTES != size:
+    if words < 0 or index_end + (8 * words + FILTER_HEADER_BYTES if flags & FILTER else 0) + directory_bytes \
+            + TRAILER_BYTES != size or (flags & PAGED and pages != -(-blocks // per_page)):
         raise _corrupt(name, f"has {size} bytes, but its trailer puts {blocks} index entries at byte {index_offset}")
-    index = b""
-    if blocks:
-        start, stop = guessed
-        if start <= index_offset and index_end == stop:
-            index = b"".join(chunks[:-1])[index_offset - start:]
-        else:   # the guess missed: one more round trip for exactly the index
-            index = b"".join(_checked(fetch, _pieces(index_offset, index_end), name))
+    if flags & PAGED:
+        directory = end[head - TRAILER_BYTES - directory_bytes:head - TRAILER_BYTES - PAGES_HEADER_BYTES]
+        if _directory_crc(directory, pages, per_page) != pages_crc:
+            raise _corrupt(name, "has a page directory whose CRC-32 does not match its header")
+        return Tail(ranges=((size - head, size),), data=(end,), blocks=blocks, filter_words=words)
+    # an image written before version 3: its whole index, in pieces of TAIL_RANGE_BYTES read at once
+    index = b"".join(_checked(fetch, _pieces(index_offset, index_end), name)) if blocks else b""
     if zlib.crc32(index) != index_crc:
         raise _corrupt(name, "has a block index whose CRC-32 does not match its trailer")
-    return Tail(ranges=((index_offset, index_end), (size - head, size)), data=(index, bytes(end[-head:])),
+    return Tail(ranges=((index_offset, index_end), (size - head, size)), data=(index, end),
                 blocks=blocks, filter_words=words)
 
 

@@ -1,6 +1,7 @@
 """Row images on remote storage read by byte range (issue 38), on the loopback S3 server: a lazy load names
-the image by its path in the store with its tail (index, filter header, trailer) instead of downloading it,
-the tail is read with the changes, in one round trip when the guess of where the index starts holds, and
+the image by its path in the store with its tail (filter header, page directory, trailer) instead of
+downloading it, the tail is read with the changes, in one round trip when the guess of the directory's size
+holds (an image older than version 3 adds one for its whole index), and
 every byte of the image can be fetched by range. Local checkpoints are read in place as before; a damaged
 or missing tail costs only the laziness; ``rowImages.rangeReads=false`` downloads the image as before."""
 
@@ -52,6 +53,15 @@ class Counting:
         return self.storage.read_ranges(self.path, ranges)
 
 
+def as_version_2(data: bytes) -> bytes:
+    """A version-3 image as the version-2 writer wrote it: the same bytes without the page directory."""
+    pages = int.from_bytes(data[-56:-52], "little")
+    trailer = bytearray(data[-40:])
+    trailer[28] &= ~rowimage.PAGED
+    trailer[39] = 2
+    return data[:len(data) - 40 - 16 - 32 * pages] + bytes(trailer)
+
+
 def test_a_lazy_load_from_s3_names_the_image_with_its_tail_and_every_block_reads_by_range(bucket, tmp_path):
     store, live = compacted_store(f"s3://{bucket}/{uuid.uuid4().hex}")
     loaded = store.load_lazy(6, cache_dir=str(tmp_path / "cache"), ranges=True)
@@ -61,11 +71,12 @@ def test_a_lazy_load_from_s3_names_the_image_with_its_tail_and_every_block_reads
     assert image.file.startswith("shared/") and image.file.endswith(".img")
     whole = store.storage.read_file(image.file)
     assert len(whole) == image.size
-    (index_start, index_end), (end_start, end) = image.tail.ranges
-    assert end == image.size and image.tail.data == (whole[index_start:index_end], whole[end_start:end])
-    assert image.tail.blocks * 40 == index_end - index_start and image.tail.filter_words > 0
+    # the tail is the file's last bytes: filter header, page directory (one page here) and its header, trailer
+    ((end_start, end),) = image.tail.ranges
+    assert end == image.size and image.tail.data == (whole[end_start:end],)
+    assert end - end_start == 16 + 32 + 16 + 40 and image.tail.blocks > 0 and image.tail.filter_words > 0
     # the blocks, by range through the store (what the shim's fetch requests ask for), make the same file
-    ranges = [(0, index_start), (index_start, image.size)]
+    ranges = [(0, end_start), (end_start, image.size)]
     assert b"".join(store.reader.fetch(image.file, ranges)) == whole
     parsed = rowimage.RowImage(whole, image.file)
     state = {r.key: r.value for r in parsed}
@@ -76,56 +87,63 @@ def test_a_lazy_load_from_s3_names_the_image_with_its_tail_and_every_block_reads
     assert loaded.bytes_read == image.tail.size + sum(f.size for f in chain[1:]), "the tail and the changes' files"
 
 
-def test_the_tail_takes_one_round_trip_and_a_second_when_the_guess_misses(bucket):
-    store, _ = compacted_store(f"s3://{bucket}/{uuid.uuid4().hex}")
-    entry = store.reader.view(6).chain[0].image
-    whole = store.storage.read_file(entry.path)
-    fetch = Counting(store.storage, entry.path)
-    tail = rowimage.read_tail(fetch, entry.path, entry.size, entry.rows)
-    assert fetch.trips == 1 and tail.blocks == rowimage.RowImage(whole, entry.path).blocks
-    # a row count that is not the file's puts the guessed filter elsewhere: the index is read exactly, once more
-    fetch = Counting(store.storage, entry.path)
-    assert rowimage.read_tail(fetch, entry.path, entry.size, entry.rows + 10_000) == tail and fetch.trips == 2
+def test_the_tail_is_a_few_hundred_bytes_at_any_size_in_one_round_trip():
+    """Version 3: the tail is the page directory and the headers (32 bytes per 1,024 blocks), not the index,
+    read in one round trip: 1,000 keys or 200,000, the row count exact or too high."""
+    store = store_on(f"memory://{uuid.uuid4().hex}", **IMAGES)
+    sizes = {}
+    for n in (1_000, 200_000):
+        encoded = rowimage.encode(typed({i: (i * 0x9E3779B97F4A7C15) % 2**63 for i in range(n)}))
+        store.storage.write_file(f"shared/{n}.img", encoded.data)
+        for rows in (encoded.rows, encoded.rows + 10_000):
+            fetch = Counting(store.storage, f"shared/{n}.img")
+            tail = rowimage.read_tail(fetch, f"{n}.img", encoded.size, rows)
+            assert fetch.trips == 1 and tail.blocks == encoded.blocks
+            pages = -(-encoded.blocks // rowimage.PAGE_ENTRIES)
+            assert tail.size == 16 + 32 * pages + 16 + 40 and tail.data == (encoded.data[-tail.size:],)
+        sizes[n] = (tail.size, encoded.size)
+    assert sizes[200_000][1] > 100 * sizes[1_000][1] and sizes[200_000][0] <= sizes[1_000][0] + 32 * 4, sizes
+
+
+def test_many_small_pages_cost_a_second_round_trip_for_the_directory(monkeypatch):
+    """Pages of one entry, more than the guess allows: the directory is read exactly, once more."""
+    monkeypatch.setattr(rowimage, "PAGE_ENTRIES", 1)
+    store = store_on(f"memory://{uuid.uuid4().hex}", **IMAGES)
+    encoded = rowimage.encode(typed({i: i for i in range(3000)}), block_bytes=256)
+    store.storage.write_file("shared/tiny.img", encoded.data)
+    fetch = Counting(store.storage, "shared/tiny.img")
+    tail = rowimage.read_tail(fetch, "tiny.img", encoded.size, 1)
+    assert fetch.trips == 2 and tail.blocks == encoded.blocks
+    assert tail.data == (encoded.data[-(16 + 32 * encoded.blocks + 16 + 40):],)
 
 
 @pytest.mark.parametrize("rows_off", [0, 10_000])
-def test_a_large_index_is_asked_for_in_pieces_in_the_same_round_trips(monkeypatch, rows_off):
-    """An index larger than TAIL_RANGE_BYTES (8 MB at 10M keys) is asked for in pieces of at most that, read at
-    once in the one round trip (two when the guess of where it starts misses): the same tail as in one piece."""
+def test_a_version_2_image_reads_its_whole_index_in_pieces_in_a_second_round_trip(monkeypatch, rows_off):
+    """An image written before version 3 has no directory: after the trailer, its whole index, in pieces of at
+    most TAIL_RANGE_BYTES read at once; the tail is what the version-2 reader expects (index, then the end)."""
     store = store_on(f"memory://{uuid.uuid4().hex}", **IMAGES)
     encoded = rowimage.encode(typed({i: (i * 0x9E3779B97F4A7C15) % 2**63 for i in range(20_000)}))
-    store.storage.write_file("shared/large.img", encoded.data)
-    one_piece = rowimage.read_tail(Counting(store.storage, "shared/large.img"), "large.img", encoded.size,
-                                   encoded.rows + rows_off)
+    data = as_version_2(encoded.data)
+    assert rowimage.RowImage(data, "v2").version == 2
+    store.storage.write_file("shared/large.img", data)
     monkeypatch.setattr(rowimage, "TAIL_RANGE_BYTES", 1024)
     fetch = Counting(store.storage, "shared/large.img")
-    assert rowimage.read_tail(fetch, "large.img", encoded.size, encoded.rows + rows_off) == one_piece
-    assert fetch.trips == (1 if rows_off == 0 else 2)
-    index_start, index_end = one_piece.ranges[0]
-    assert index_end - index_start > 3 * 1024
+    tail = rowimage.read_tail(fetch, "large.img", len(data), encoded.rows + rows_off)
+    assert fetch.trips == 2 and tail.blocks == encoded.blocks
+    (index_start, index_end), (end_start, end) = tail.ranges
+    assert end == len(data) and end - end_start == 16 + 40 and index_end == index_start + 40 * encoded.blocks
+    assert tail.data == (data[index_start:index_end], data[end_start:end])
     pieces = [r for r in fetch.ranges if r[1] <= index_end]
     assert len(pieces) > 3 and max(b - a for a, b in pieces) <= 1024, fetch.ranges
 
 
-def test_tiny_blocks_cost_a_second_round_trip_for_the_index(tmp_path):
-    """Blocks of 64 bytes (one record each): more index entries than the guess allows, read exactly."""
-    store = store_on(f"memory://{uuid.uuid4().hex}", **IMAGES)
-    table = typed({i: i for i in range(300)})
-    encoded = rowimage.encode(table, block_bytes=64)
-    store.storage.write_file("shared/tiny.img", encoded.data)
-    fetch = Counting(store.storage, "shared/tiny.img")
-    tail = rowimage.read_tail(fetch, "tiny.img", encoded.size, encoded.rows)
-    assert fetch.trips == 2 and tail.blocks == encoded.blocks
-    index_start, index_end = tail.ranges[0]
-    assert tail.data[0] == encoded.data[index_start:index_end]
-
-
 def test_a_damaged_or_missing_remote_image_costs_only_the_laziness(bucket, tmp_path):
+    """A tail that fails its checks (here the page directory's CRC): the rows are loaded instead. (An index
+    page or block damaged in the checkpoint fails the read that needs it: tests/jvm/test_remote_images.py.)"""
     store, live = compacted_store(f"s3://{bucket}/{uuid.uuid4().hex}")
     path = store.reader.view(6).chain[0].image.path
     whole = bytearray(store.storage.read_file(path))
-    index_offset = int.from_bytes(whole[-40:-32], "little")
-    whole[index_offset + 5] ^= 0xFF   # inside the index: its CRC fails
+    whole[-40 - 16 - 32 + 5] ^= 0xFF   # inside the page directory: its CRC fails
     store.storage.write_file(path, bytes(whole))
     loaded = store.load_lazy(6, cache_dir=str(tmp_path / "cache"), ranges=True)
     assert loaded.image is None and row_bytes(loaded.table) == row_bytes(typed(live))

@@ -84,30 +84,36 @@ def build(probe: Probe, name: str, checkpoint: Path, partition: int, root: str, 
 
 
 def test_a_restore_reads_the_index_from_the_load_and_only_the_blocks_its_lookups_need(endpoint, classes, tmp_path):
-    """No background fill (imageFillStreams=0): what a restore fetches is exactly what its gets need."""
-    probe = Probe(classes, tmp_path, "-Dspark_state.imageFillStreams=0", "-Dspark_state.imageCachePage=4096")
+    """No background fill (imageFillStreams=0), the key filter's load only after the first lookup: what a
+    restore fetches is exactly what its gets need."""
+    probe = Probe(classes, tmp_path, "-Dspark_state.imageFillStreams=0", "-Dspark_state.imageCachePage=4096",
+                  "-Dspark_state.imageFillDelayMs=600000")
     try:
         size = build(probe, "a", tmp_path / "ckpt", 0, s3_root(endpoint))
         before = probe.fetched()
         probe.ok("open a 2")
-        # the image opened from the tail its load sent; its key filter may be on its way (one request)
-        assert probe.fetched()[1] - before[1] <= 1
+        # the image opened from the tail its load sent (its page directory, not its index)
+        assert probe.fetched() == before
         [copy] = probe.cached()
         filter_bytes = 8 * -(-10 * KEYS // 64)
         assert copy["name"].endswith(".img") and copy["name"].startswith("s3://")
-        assert copy["present"] * 4096 <= filter_bytes + 2 * 4096, "no page but the filter's"
+        assert copy["present"] == 0, "no page fetched"
         assert probe.ok("get a 1000 5000 0 19999 777777") == ["1000", "5000", "null", "19999", "null"]
         fetched, requests = probe.fetched()
-        # each get one request for its block's pages (4 KiB pages, a block ~ 2 KiB); the filter maybe, once
-        assert requests - before[1] <= 4 + 1, (requests, before)
-        assert fetched - before[0] <= 4 * 3 * 4096 + filter_bytes + 4096 * 2 < size, (fetched, size)
+        # the first get: its index page (the image's one: 240 blocks) with the bytes around its guessed block,
+        # one request; each later get at most one for its block's pages (4 KiB pages, a block ~ 1.3 KiB); after
+        # the first, the key filter with the whole index in the background (two)
+        index_bytes = 40 * 240
+        assert requests - before[1] <= 1 + 4 + 2, (requests, before)
+        assert fetched - before[0] <= (16 << 10) + 2 * 4096 + 4 * 2 * 4096 + index_bytes + filter_bytes + 4 * 4096 \
+            < size, (fetched, size)
         [copy] = probe.cached()
         assert 0 < copy["present"] < copy["pages"], copy
         assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
         assert probe.ok("check a 0 3 0") == ["3"]
         assert probe.ok("scan a") == [str(KEYS - 3), str(sum(range(3, KEYS)))]
         [copy] = probe.cached()
-        # every block was read once and kept; only the tail's pages (index, trailer: sent with the load) are not
+        # every block was read once and kept; only the tail's pages (directory, trailer: sent with the load) are not
         assert copy["pages"] - copy["present"] <= 2, copy
         before = probe.fetched()
         assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
@@ -157,6 +163,45 @@ def test_the_fill_waits_for_the_first_lookup(endpoint, classes, tmp_path):
         assert probe.ok("filled a 60000") == [], "the first lookup did not start the fill"
         [copy] = probe.cached()
         assert copy["present"] == copy["pages"], copy
+    finally:
+        probe.close()
+
+
+def test_index_pages_are_read_as_lookups_need_them_and_a_damaged_one_fails_clearly(endpoint, classes, tmp_path,
+                                                                                  monkeypatch):
+    """Index pages of 16 entries (15 pages at 20,000 keys): the open fetches nothing (the load sent the
+    page directory), gets, a check of every key and a scan answer right across page boundaries; an index page
+    damaged in the checkpoint itself fails its CRC on the read that needs it, naming the page."""
+    monkeypatch.setenv("SPARK_STATE_IMAGE_PAGE_ENTRIES", "16")   # the worker the probe starts writes them
+    jvm = ("-Dspark_state.imageFillStreams=0", "-Dspark_state.imageCachePage=4096",
+           "-Dspark_state.imageFillDelayMs=600000")   # nothing but the lookups reads the image until the first
+    root = s3_root(endpoint)
+    probe = Probe(classes, tmp_path, *jvm)
+    try:
+        build(probe, "a", tmp_path / "ckpt", 0, root)
+        before = probe.fetched()
+        probe.ok("open a 2")
+        assert probe.fetched() == before, "the open fetched nothing"
+        assert probe.ok("get a 1000 5000 0 19999 777777") == ["1000", "5000", "null", "19999", "null"]
+        assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
+        assert probe.ok("check a 0 3 0") == ["3"]
+        assert probe.ok("scan a") == [str(KEYS - 3), str(sum(range(3, KEYS)))]
+    finally:
+        probe.close()
+    fs = fsspec.filesystem("s3")
+    [image] = [p for p in fs.find(root.removeprefix("s3://")) if p.endswith(".img")]
+    data = bytearray(fs.cat_file(image))
+    pages = int.from_bytes(data[-56:-52], "little")
+    assert int.from_bytes(data[-52:-48], "little") == 16 and pages > 10, pages
+    index_offset = int.from_bytes(data[-40:-32], "little")
+    data[index_offset + 5 * 16 * 40 + 8] ^= 0xFF   # page 5's first entry's last sort key
+    fs.pipe_file(image, bytes(data))
+    probe = Probe(classes, tmp_path, *jvm)   # a new executor: no local copy
+    try:
+        probe.provider("a", tmp_path / "ckpt", 0, f"checkpointRoot={root}", *IMAGES)
+        probe.ok("open a 2")
+        reply = probe.answer(f"check a 3 {KEYS} 1")
+        assert reply.startswith("ERR") and "index page 5 of " in reply and "fails its CRC-32" in reply, reply
     finally:
         probe.close()
 

@@ -335,11 +335,11 @@ def test_bad_magic_is_refused(probe, damaged):
 def test_a_newer_format_version_asks_for_an_upgrade(probe, damaged):
     path, _, _, write = damaged
     data = bytearray(path.read_bytes())
-    data[-1] = 3
+    data[-1] = 4
     copy = write(bytes(data))
     answer = probe.ask(f"open {copy} 1 10000")
     assert answer.startswith("ERR RowImageException: "), answer
-    assert str(copy) in answer and "written by a newer spark_state" in answer and "version 3" in answer, answer
+    assert str(copy) in answer and "written by a newer spark_state" in answer and "version 4" in answer, answer
     assert "upgrade spark_state" in answer and RELOAD in answer, answer
 
 

@@ -61,5 +61,10 @@ def patch() -> None:
 if __name__ == "__main__":
     patch()
     from moto.server import main
+    from werkzeug.serving import WSGIRequestHandler
+
+    # replies go out in pieces (headers, then the body): without this a keep-alive client's delayed ACK holds
+    # the body back 40 ms (Nagle's algorithm), a wait S3 does not have
+    WSGIRequestHandler.disable_nagle_algorithm = True
 
     main(sys.argv[1:])

@@ -27,18 +27,28 @@ from tests.fixtures.make_keyfilter_vectors import spec_bits, spec_filter
 def spec_parse(data: bytes) -> tuple[dict, list[dict], list[list[tuple]]]:
     """Trailer, index, filter and every block's records, read as the spec describes them."""
     (index_offset, records, blocks, index_crc, codec, flags) = struct.unpack_from("<QQIIII", data, len(data) - 40)
-    assert data[-8:-1] == b"SPKSTRI" and data[-1] in (1, 2)
+    assert data[-8:-1] == b"SPKSTRI" and data[-1] in (1, 2, 3)
     version = data[-1]
     index_end = index_offset + 40 * blocks
-    words = None
+    end = len(data) - 40   # where the trailer starts; the directory (version 3) and the filter come before it
+    directory = None
+    if flags & 4:
+        assert version == 3
+        pages, per_page, pages_crc, reserved = struct.unpack_from("<IIII", data, end - 16)
+        assert reserved == 0 and per_page >= 1 and pages == -(-blocks // per_page)
+        end -= 16 + 32 * pages
+        assert zlib.crc32(struct.pack("<II", pages, per_page), zlib.crc32(data[end:end + 32 * pages])) == pages_crc
+        directory = (per_page, [struct.unpack_from("<QQQII", data, end + 32 * p) for p in range(pages)])
+    words = filter_at = None
     if flags & 2:
-        assert version == 2
-        w, k, filter_crc, reserved = struct.unpack_from("<IIII", data, len(data) - 56)
-        assert reserved == 0 and 1 <= k <= 30 and index_end + 8 * w + 16 + 40 == len(data)
+        assert version >= 2
+        w, k, filter_crc, reserved = struct.unpack_from("<IIII", data, end - 16)
+        assert reserved == 0 and 1 <= k <= 30 and index_end + 8 * w + 16 == end
         assert zlib.crc32(data[index_end:index_end + 8 * w]) == filter_crc
         words = (w, k, int.from_bytes(data[index_end:index_end + 8 * w], "little"))
+        filter_at = end - 16
     else:
-        assert index_end + 40 == len(data)
+        assert index_end == end
     index = data[index_offset:index_end]
     assert zlib.crc32(index) == index_crc
     entries, parsed = [], []
@@ -60,12 +70,20 @@ def spec_parse(data: bytes) -> tuple[dict, list[dict], list[list[tuple]]]:
         assert at == raw and len(recs) == count
         parsed.append(recs)
     assert sum(e["records"] for e in entries) == records
+    if directory is not None:   # each page names its entries' first and last keys, first offset, CRC, records
+        per_page, pages = directory
+        for p, (first, last, offset, crc, count) in enumerate(pages):
+            mine = entries[p * per_page:(p + 1) * per_page]
+            assert (first, last, offset) == (mine[0]["first"], mine[-1]["last"], mine[0]["offset"])
+            assert crc == zlib.crc32(index[40 * p * per_page:40 * (p + 1) * per_page])
+            assert count == sum(e["records"] for e in mine)
     if words is not None:   # every record's bits are set
         w, k, bits = words
         for kg, h, _, _ in (r for block in parsed for r in block):
             assert all(bits >> bit & 1 for bit in spec_bits(h, k, 64 * w))
     return dict(records=records, blocks=blocks, codec=codec, flags=flags, index_offset=index_offset,
-                version=version, filter=words), entries, parsed
+                version=version, filter=words, filter_at=filter_at, pages=directory and len(directory[1])), \
+        entries, parsed
 
 
 def sk(kg: int, h: int) -> int:
@@ -98,20 +116,24 @@ def opaque_rows(draw):
 
 @settings(max_examples=150, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(rows=opaque_rows(), block_bytes=st.sampled_from([16, 40, 100, 512, 16384]), codec=st.sampled_from([0, 1]))
-def test_round_trip_and_lookups(rows, block_bytes, codec, monkeypatch):
+@given(rows=opaque_rows(), block_bytes=st.sampled_from([16, 40, 100, 512, 16384]), codec=st.sampled_from([0, 1]),
+       per_page=st.sampled_from([1, 3, rowimage.PAGE_ENTRIES]))
+def test_round_trip_and_lookups(rows, block_bytes, codec, per_page, monkeypatch):
+    monkeypatch.setattr(rowimage, "PAGE_ENTRIES", per_page)   # index pages of one entry, three, the default
     img = rowimage.encode(opaque_table(rows), block_bytes=block_bytes, codec=codec)
     with monkeypatch.context() as m:   # chunks of a block or two, compressed on two threads: the same bytes
         m.setattr(rowimage, "CHUNK_BYTES", block_bytes)
         assert rowimage.encode(opaque_table(rows), block_bytes=block_bytes, codec=codec, threads=2).data == img.data
     assert img.checksum == datafile.crc32_hex(img.data) and img.size == len(img.data) and img.rows == len(rows)
     trailer, entries, blocks = spec_parse(img.data)
-    assert trailer["codec"] == codec and trailer["flags"] == 2 | (1 if any(r[3] is None for r in rows) else 0)
+    assert trailer["codec"] == codec and trailer["flags"] == 2 | 4 | (1 if any(r[3] is None for r in rows) else 0)
     assert img.tombstones == bool(trailer["flags"] & 1) and img.blocks == trailer["blocks"]
-    # version 2, a filter sized by the writers' rule; the sizes add up (spec_parse checks where it sits)
-    assert trailer["version"] == 2 and trailer["filter"][:2] == (max(1, -(-10 * len(rows) // 64)), 7)
-    assert img.filter_words == trailer["filter"][0]
-    assert img.size == trailer["index_offset"] + 40 * img.blocks + 8 * img.filter_words + 16 + 40
+    # version 3, a filter sized by the writers' rule, a directory of the index's pages; the sizes add up
+    # (spec_parse checks where each sits)
+    assert trailer["version"] == 3 and trailer["filter"][:2] == (max(1, -(-10 * len(rows) // 64)), 7)
+    assert img.filter_words == trailer["filter"][0] and trailer["pages"] == -(-img.blocks // per_page)
+    assert img.size == trailer["index_offset"] + 40 * img.blocks + 8 * img.filter_words + 16 \
+        + 32 * trailer["pages"] + 16 + 40
 
     # every row once, in sort-key order; index entries match their blocks; greedy packing within the size
     flat = [r for block in blocks for r in block]
@@ -127,7 +149,7 @@ def test_round_trip_and_lookups(rows, block_bytes, codec, monkeypatch):
 
     image = rowimage.RowImage(img.data, "img")
     assert list(image) == [rowimage.Record(*r) for r in flat]
-    assert image.version == 2 and image.might_contain(np.array([r[1] for r in rows], np.int32)).all()
+    assert image.version == 3 and image.might_contain(np.array([r[1] for r in rows], np.int32)).all()
     for kg, h, key, value in rows:
         found = image.lookup(kg, h, key)
         assert (found is rowimage.DELETED) if value is None else (found == value)
@@ -138,9 +160,9 @@ def test_round_trip_and_lookups(rows, block_bytes, codec, monkeypatch):
                 assert image.lookup(*probe) is None
 
 
-def test_an_empty_file_is_its_filter_of_one_word_and_its_trailer():
+def test_an_empty_file_is_its_filter_of_one_word_its_empty_directory_and_its_trailer():
     img = rowimage.encode(opaque_table([]))
-    assert img.size == 8 + 16 + 40 and img.blocks == 0 and img.rows == 0 and img.filter_words == 1
+    assert img.size == 8 + 16 + 16 + 40 and img.blocks == 0 and img.rows == 0 and img.filter_words == 1
     assert img.data[:8] == bytes(8)
     image = rowimage.RowImage(img.data, "empty")
     assert list(image) == [] and image.lookup(0, 0, b"") is None and not image.might_contain(0)
@@ -194,7 +216,7 @@ def test_lookup_reads_the_index_and_one_block_by_byte_range():
 
     image = rowimage.RowImage(fetch, "remote", size=img.size)
     opened = sum(b - a for a, b in read)
-    assert opened == 40 + 16 + 40 * img.blocks + 8 * img.filter_words
+    assert opened == 40 + 16 + 40 * img.blocks + 8 * img.filter_words + 16 + 32
     assert image.lookup(7, 1007, struct.pack("<q", 1007)) == bytes(64)
     assert sum(b - a for a, b in read) - opened <= max(image.index["stored"])
     # absent keys the filter denies read no block
@@ -229,7 +251,7 @@ def test_every_single_bit_flip_is_caught():
         data = small_image(codec)
         trailer, entries, _ = spec_parse(data)
         flags_bit0 = (len(data) - 40 + 28) * 8
-        k_bits = range((len(data) - 56 + 4) * 8, (len(data) - 56 + 8) * 8)
+        k_bits = range((trailer["filter_at"] + 4) * 8, (trailer["filter_at"] + 8) * 8)
         for bit in range(len(data) * 8):
             flipped = bytearray(data)
             flipped[bit // 8] ^= 1 << (bit % 8)
@@ -267,10 +289,12 @@ def test_bad_magic_and_newer_version():
         read_all(data[:-8] + b"SPKSTRX\x01")
     with pytest.raises(ChecksumMismatch, match="magic"):
         read_all(datafile.encode(tables.empty_table()).data)   # a snapshot is not a row image
-    with pytest.raises(FormatVersionError, match="version 3.*upgrade spark_state"):
-        read_all(data[:-1] + b"\x03")
-    with pytest.raises(ChecksumMismatch, match="version 1, codec 0 and flags 0x3, which no writer made"):
-        read_all(data[:-1] + b"\x01")   # version 1 has no filter
+    with pytest.raises(FormatVersionError, match="version 4.*upgrade spark_state"):
+        read_all(data[:-1] + b"\x04")
+    with pytest.raises(ChecksumMismatch, match="version 2, codec 0 and flags 0x7, which no writer made"):
+        read_all(data[:-1] + b"\x02")   # version 2 has no directory
+    with pytest.raises(ChecksumMismatch, match="version 1, codec 0 and flags 0x7, which no writer made"):
+        read_all(data[:-1] + b"\x01")   # version 1 has no filter either
 
 
 def test_a_damaged_filter_is_a_checksum_mismatch():
@@ -280,7 +304,7 @@ def test_a_damaged_filter_is_a_checksum_mismatch():
     trailer, entries, _ = spec_parse(data)
     w = trailer["filter"][0]
     words_at = trailer["index_offset"] + 40 * trailer["blocks"]
-    header_at = len(data) - 56
+    header_at = trailer["filter_at"]
     for bit in range(words_at * 8, (words_at + 8 * w) * 8):
         flipped = bytearray(data)
         flipped[bit // 8] ^= 1 << (bit % 8)
@@ -310,7 +334,15 @@ def test_a_block_with_a_valid_crc_but_wrong_records_is_refused():
     block = bytes(data[:entries[0]["stored"]])
     index_at = trailer["index_offset"]
     struct.pack_into("<I", data, index_at + 32, zlib.crc32(block))
-    struct.pack_into("<I", data, len(data) - 40 + 20, zlib.crc32(bytes(data[index_at:index_at + 40 * len(entries)])))
+    index = bytes(data[index_at:index_at + 40 * len(entries)])
+    struct.pack_into("<I", data, len(data) - 40 + 20, zlib.crc32(index))
+    # and the directory's entry of the page, and the directory's CRC
+    pages, per_page = struct.unpack_from("<II", data, len(data) - 56)
+    directory = rowimage.page_directory(np.frombuffer(index, dtype=rowimage.INDEX_ENTRY), index, per_page).tobytes()
+    directory_at = len(data) - 40 - 16 - len(directory)
+    data[directory_at:directory_at + len(directory)] = directory
+    struct.pack_into("<I", data, len(data) - 56 + 8,
+                     zlib.crc32(struct.pack("<II", pages, per_page), zlib.crc32(directory)))
     with pytest.raises(ChecksumMismatch, match="block 0 with a record at byte 0"):
         read_all(bytes(data))
 
@@ -403,9 +435,9 @@ def test_a_version_1_image_still_reads():
     image = rowimage.RowImage(data, "v1-typed.img")
     assert image.version == 1 and image.filter is None and image.tombstones and image.rows == 300
     assert image.might_contain(np.arange(-5, 5, dtype=np.int32)).all()
-    # the same rows, written now: version 2, the same records in the same blocks
+    # the same rows, written now: version 3, the same records in the same blocks
     now = rowimage.RowImage(rowimage.encode(_typed_rows(), block_bytes=make_rowimage_v1.BLOCK_BYTES).data, "now")
-    assert now.version == 2 and list(image) == list(now)
+    assert now.version == 3 and list(image) == list(now)
     assert np.array_equal(image.index, now.index)
     for record in image:
         expected = rowimage.DELETED if record.value is None else record.value

@@ -31,6 +31,13 @@ interface BlockSource extends Closeable {
   default void prefetch(long[] from, long[] to) throws IOException {
   }
 
+  /**
+   * A lookup or cursor has the bytes of blocks it read (not an index page's): a remote image's background work
+   * starts then, so the first lookup's index page and block never queue behind it.
+   */
+  default void blocksRead() {
+  }
+
   /** Whether a read may wait on the network: the image then loads its key filter in the background. */
   default boolean remote() {
     return false;

@@ -6,8 +6,9 @@ import java.nio.file.Path;
 import java.util.concurrent.atomic.AtomicReference;
 
 /**
- * A remote row image's bytes as one store reads them: the tail its load sent (index, filter header,
- * trailer: the image opens without a request), then pages of the executor's local copy
+ * A remote row image's bytes as one store reads them: the tail its load sent (the file's last bytes: filter
+ * header, page directory, trailer; before format version 3 the whole index too: the image opens without a
+ * request), then pages of the executor's local copy
  * ({@link CachedImage}), fetched through the worker when missing. A failed fetch is a
  * {@link RowImageException} that is not damage ({@link RowImageException#damaged}): the task fails and
  * its retry may restore from the image again.
@@ -59,9 +60,12 @@ final class RemoteSource implements BlockSource {
       throw e;
     } catch (IOException e) {
       throw RowImageException.unfetched(name(), e);
-    } finally {
-      start();
     }
+  }
+
+  @Override
+  public void blocksRead() {
+    start();
   }
 
   @Override
@@ -75,11 +79,7 @@ final class RemoteSource implements BlockSource {
 
   @Override
   public void prefetch(long[] from, long[] to) throws IOException {
-    try {
-      image.prefetch(from, to, reader);
-    } finally {
-      start();
-    }
+    image.prefetch(from, to, reader);
   }
 
   @Override
@@ -110,8 +110,9 @@ final class RemoteSource implements BlockSource {
 
   /**
    * Starts {@code work} (it only hands the key filter's load and the fill to the fill threads) after the first
-   * read that reaches the copy has its bytes, or {@link ImageCache#FILL_DELAY_MS} from now, whichever comes
-   * first: a restore's first lookup does not queue behind megabytes of its own image.
+   * lookup has its block ({@link #blocksRead}) or a prefetch its blocks, or {@link ImageCache#FILL_DELAY_MS}
+   * from now, whichever comes first: a restore's first lookup (its index page, its block) does not queue behind
+   * megabytes of its own image.
    */
   void startSoon(Runnable work) {
     pending.set(work);

@@ -9,6 +9,7 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
 import java.util.ArrayDeque;
 import java.util.Arrays;
+import java.util.concurrent.atomic.AtomicIntegerArray;
 import java.util.concurrent.atomic.AtomicReferenceArray;
 import java.util.zip.CRC32;
 
@@ -29,10 +30,12 @@ import org.slf4j.LoggerFactory;
  *
  * <p>Its bytes come from a {@link BlockSource}: a local file ({@link FileSource}), or an image on remote
  * checkpoint storage read by byte range through the executor's {@link ImageCache}. A lookup reads one
- * block's bytes on a cache miss; a cursor up to {@link #READ_AHEAD} bytes at a time. A remote image's
- * key filter arrives in the background (until then every key is looked up in its block), and a block
- * that fails a check is read once more from the checkpoint itself before it is called corrupt: a damaged
- * local copy costs a fetch, never a wrong answer.
+ * block's bytes on a cache miss; a cursor up to {@link #READ_AHEAD} bytes at a time. A remote image of
+ * format version 3 opens from its page directory alone ({@link Pages}): each page of the block index is
+ * read, and checked, when a lookup first needs it, and the rest with the key filter in the background.
+ * A remote image's key filter arrives in the background (until then every key is looked up in its block),
+ * and a block or index page that fails a check is read once more from the checkpoint itself before it is
+ * called corrupt: a damaged local copy costs a fetch, never a wrong answer.
  *
  * <p>Thread-safe. Every structural fact about a block is checked once, when it is loaded (lengths,
  * order, record count), so lookups read the block with unchecked accesses that stay in bounds; a
@@ -41,15 +44,24 @@ import org.slf4j.LoggerFactory;
 final class RowImage implements Closeable {
   private static final Logger LOG = LoggerFactory.getLogger(RowImage.class);
   static final byte[] MAGIC = "SPKSTRI".getBytes(StandardCharsets.US_ASCII);
-  /** The version this code writes and the newest it reads (1: no filter; 2: a key filter may follow the index). */
-  static final int VERSION = 2;
+  /**
+   * The newest version this code reads (1: no filter; 2: a key filter may follow the index; 3: a page directory
+   * of the index may follow the filter). The worker writes version 3; spill runs ({@link RowImageWriter}) are
+   * version 2, read whole from a local disk.
+   */
+  static final int VERSION = 3;
   static final int TRAILER_BYTES = 40;
   static final int INDEX_ENTRY_BYTES = 40;
+  static final int PAGE_ENTRY_BYTES = 32;
+  static final int PAGES_HEADER_BYTES = 16;
+  /** Bytes either side of the guessed place of a lookup's block fetched with its index page ({@link #readPageAndGuess}). */
+  static final long GUESS_BYTES = 8 << 10;
   static final int RECORD_HEADER = 16;
   static final int CODEC_RAW = 0;
   static final int CODEC_ZSTD = 1;
   static final int FLAG_TOMBSTONES = 1;
   static final int FLAG_FILTER = 2;
+  static final int FLAG_PAGED = 4;
   /** Largest stored or raw block (a Java array, less a margin). */
   static final long MAX_BLOCK = Integer.MAX_VALUE - 16;
   /** A lookup scans at most this many records of a block after a binary search of its restarts. */
@@ -90,6 +102,9 @@ final class RowImage implements Closeable {
   private final long[] lastKey;
   /** Where each block starts; one more entry: where the index starts (blocks follow each other). */
   private final long[] offset;
+  private final long indexOffset;
+  /** The index pages not read yet (a remote version-3 image), or null: the whole index is in the arrays. */
+  private volatile Pages pages;
   private final int[] rawLength;
   private final int[] crc;
   private final int[] blockRecords;
@@ -166,21 +181,42 @@ final class RowImage implements Closeable {
     if (codec != CODEC_RAW && codec != CODEC_ZSTD) {
       throw RowImageException.newer(name, "block codec " + codec);
     }
-    int known = version >= 2 ? FLAG_TOMBSTONES | FLAG_FILTER : FLAG_TOMBSTONES;
+    int known = version >= 3 ? FLAG_TOMBSTONES | FLAG_FILTER | FLAG_PAGED
+        : version == 2 ? FLAG_TOMBSTONES | FLAG_FILTER : FLAG_TOMBSTONES;
     if ((flags & ~known) != 0) {
       throw RowImageException.newer(name, "flags 0x" + Integer.toHexString(flags));
     }
     this.tombstones = (flags & FLAG_TOMBSTONES) != 0;
+    long directoryBytes = 0;
+    int pageCount = 0;
+    int perPage = 0;
+    int directoryCrc = 0;
+    if ((flags & FLAG_PAGED) != 0) {
+      if (size < TRAILER_BYTES + PAGES_HEADER_BYTES) {
+        throw RowImageException.corrupt(name, "truncated: no room for its page directory's header");
+      }
+      ByteBuffer header = ByteBuffer.wrap(readAt(size - TRAILER_BYTES - PAGES_HEADER_BYTES, PAGES_HEADER_BYTES))
+          .order(ByteOrder.LITTLE_ENDIAN);
+      pageCount = header.getInt(0);
+      perPage = header.getInt(4);
+      directoryCrc = header.getInt(8);
+      if (pageCount < 0 || perPage < 1 || header.getInt(12) != 0
+          || (blocks + perPage - 1) / perPage != pageCount) {
+        throw RowImageException.corrupt(name, "a page directory header of " + pageCount + " pages of " + perPage
+            + " entries for " + blocks + " blocks");
+      }
+      directoryBytes = (long) PAGE_ENTRY_BYTES * pageCount + PAGES_HEADER_BYTES;
+    }
     long filterBytes = 0;
     int filterWords = 0;
     int filterHashes = 0;
     int filterCrc = 0;
     if ((flags & FLAG_FILTER) != 0) {
-      if (size < TRAILER_BYTES + KeyFilter.HEADER_BYTES) {
+      if (size < TRAILER_BYTES + directoryBytes + KeyFilter.HEADER_BYTES) {
         throw RowImageException.corrupt(name, "truncated: no room for its filter header");
       }
-      ByteBuffer header = ByteBuffer.wrap(readAt(size - TRAILER_BYTES - KeyFilter.HEADER_BYTES, KeyFilter.HEADER_BYTES))
-          .order(ByteOrder.LITTLE_ENDIAN);
+      ByteBuffer header = ByteBuffer.wrap(readAt(size - TRAILER_BYTES - directoryBytes - KeyFilter.HEADER_BYTES,
+          KeyFilter.HEADER_BYTES)).order(ByteOrder.LITTLE_ENDIAN);
       filterWords = header.getInt(0);
       filterHashes = header.getInt(4);
       filterCrc = header.getInt(8);
@@ -190,22 +226,35 @@ final class RowImage implements Closeable {
       }
       filterBytes = 8L * filterWords + KeyFilter.HEADER_BYTES;
     }
-    if (indexOffset < 0 || blocks * INDEX_ENTRY_BYTES + filterBytes + TRAILER_BYTES != size - indexOffset) {
+    if (indexOffset < 0
+        || blocks * INDEX_ENTRY_BYTES + filterBytes + directoryBytes + TRAILER_BYTES != size - indexOffset) {
       throw RowImageException.corrupt(name, "truncated or damaged: the trailer puts " + blocks + " index entries at "
           + indexOffset + " in a file of " + size + " bytes");
     }
     this.blockCount = (int) blocks;
-    byte[] indexBytes = readAt(indexOffset, blockCount * INDEX_ENTRY_BYTES);
-    if (crc32(indexBytes) != indexCrc) {
-      throw RowImageException.corrupt(name, "the block index fails its CRC-32");
-    }
+    this.indexOffset = indexOffset;
     this.firstKey = new long[blockCount];
     this.lastKey = new long[blockCount];
     this.offset = new long[blockCount + 1];
     this.rawLength = new int[blockCount];
     this.crc = new int[blockCount];
     this.blockRecords = new int[blockCount];
-    readIndex(ByteBuffer.wrap(indexBytes).order(ByteOrder.LITTLE_ENDIAN), indexOffset);
+    if (directoryBytes > 0 && source.remote()) {   // the index arrives page by page, as lookups need it
+      long at = size - TRAILER_BYTES - directoryBytes;
+      byte[] directory = readAt(at, (int) directoryBytes - PAGES_HEADER_BYTES);
+      Pages p = new Pages(directory, pageCount, perPage, directoryCrc);
+      this.pages = pageCount == 0 ? null : p;
+    } else {
+      byte[] indexBytes = readAt(indexOffset, blockCount * INDEX_ENTRY_BYTES);
+      if (crc32(indexBytes) != indexCrc) {
+        throw RowImageException.corrupt(name, "the block index fails its CRC-32");
+      }
+      long total = readEntries(ByteBuffer.wrap(indexBytes).order(ByteOrder.LITTLE_ENDIAN), 0, blockCount, 0,
+          indexOffset);
+      if (total != records) {
+        throw RowImageException.corrupt(name, "the trailer counts " + records + " records, the index " + total);
+      }
+    }
     this.slots = new AtomicReferenceArray<>(blockCount);
     if (filterWords > 0) {
       long start = indexOffset + (long) blockCount * INDEX_ENTRY_BYTES;
@@ -252,6 +301,7 @@ final class RowImage implements Closeable {
     int n = 8 * words;
     KeyFilter f;
     try {
+      readAllPages();   // the filter is checked against every block's first and last hash
       f = checkedFilter(start, words, (int) p[2], (int) p[3], readAt(start, n));
       if (f == null) {
         byte[] again = source.reread(start, n);
@@ -287,10 +337,20 @@ final class RowImage implements Closeable {
     return f;
   }
 
-  private void readIndex(ByteBuffer index, long indexOffset) {
+  /**
+   * Reads and checks index entries of blocks [b0, b1) from {@code index} (entry b0 at byte 0): the first block
+   * starts at {@code start0}, the last ends at {@code end}; answers their record count. Block b0's entry is
+   * compared with the one before it only within the range (a page's with the previous page's through the
+   * directory, which is checked in order at open).
+   */
+  private long readEntries(ByteBuffer index, int b0, int b1, long start0, long end) {
+    if (b0 == b1 && start0 != end) {
+      throw RowImageException.corrupt(name, "the blocks end at " + start0 + ", the index starts at " + end);
+    }
     long total = 0;
-    for (int b = 0; b < blockCount; b++) {
-      int at = b * INDEX_ENTRY_BYTES;
+    offset[b0] = start0;
+    for (int b = b0; b < b1; b++) {
+      int at = (b - b0) * INDEX_ENTRY_BYTES;
       firstKey[b] = index.getLong(at);
       lastKey[b] = index.getLong(at + 8);
       long start = index.getLong(at + 16);
@@ -306,24 +366,24 @@ final class RowImage implements Closeable {
         bad = "lengths " + stored + " stored, " + raw + " raw";
       } else if (n == 0 || n > raw / RECORD_HEADER) {
         bad = n + " records in " + raw + " bytes";
-      } else if (firstKey[b] < 0 || lastKey[b] < firstKey[b] || (b > 0 && firstKey[b] < lastKey[b - 1])) {
+      } else if (firstKey[b] < 0 || lastKey[b] < firstKey[b] || (b > b0 && firstKey[b] < lastKey[b - 1])) {
         bad = "sort keys out of order";
       }
       if (bad != null) {
         throw RowImageException.corrupt(name, b, blockCount, "index entry: " + bad);
       }
-      offset[b + 1] = start + stored;
+      if (b + 1 < b1) {
+        offset[b + 1] = start + stored;
+      } else if (start + stored != end) {
+        throw RowImageException.corrupt(name, "the blocks end at " + (start + stored) + ", the index (or the next "
+            + "index page's first block) starts at " + end);
+      }
       rawLength[b] = (int) raw;
       blockRecords[b] = (int) n;
       total += n;
     }
-    if (offset[blockCount] != indexOffset) {
-      throw RowImageException.corrupt(name, "the blocks end at " + offset[blockCount] + ", the index starts at "
-          + indexOffset);
-    }
-    if (total != records) {
-      throw RowImageException.corrupt(name, "the trailer counts " + records + " records, the index " + total);
-    }
+    offset[b1] = end;
+    return total;
   }
 
   Path path() {
@@ -347,12 +407,17 @@ final class RowImage implements Closeable {
     return closed;
   }
 
-  /** Heap the open image keeps outside the block cache: the index, the cache slots and the filter (one on its way too). */
+  /**
+   * Heap the open image keeps outside the block cache: the index, the cache slots, the filter (one on its way
+   * too) and the page directory while pages are missing.
+   */
   long heapBytes() {
     KeyFilter f = filter;
     long[] p = pendingFilter;
     long filterBytes = f != null ? f.bytes() : p != null ? 16L + 8L * p[1] : 0;
-    return 6L * 16 + 8L * (3L * blockCount + 1) + 4L * 4 * blockCount + filterBytes;
+    Pages missing = pages;
+    long directory = missing == null ? 0 : 6L * 16 + 40L * missing.count;
+    return 6L * 16 + 8L * (3L * blockCount + 1) + 4L * 4 * blockCount + filterBytes + directory;
   }
 
   /** Whether the file has a key filter loaded (a version-1 file has none; a remote image's may be on its way). */
@@ -384,17 +449,19 @@ final class RowImage implements Closeable {
       }
     }
     Arrays.sort(sorted, 0, m);
+    readPagesOf(sorted, m);
     long[] from = new long[Math.min(m, blockCount) + 1];
     long[] to = new long[from.length];
     int ranges = 0;
     int last = -1;
     for (int i = 0; i < m; i++) {
-      for (int b = Math.max(firstBlockEndingAtOrAfter(sorted[i]), last + 1); b < blockCount && firstKey[b] <= sorted[i];
-          b++) {
+      for (int b = Math.max(firstBlockEndingAtOrAfter(sorted[i]), last + 1); b < blockCount
+          && firstKeyOf(b) <= sorted[i]; b++) {
         last = b;
         if (slots.get(b) != null) {
           continue;
         }
+        entry(b);
         if (ranges > 0 && to[ranges - 1] == offset[b]) {
           to[ranges - 1] = offset[b + 1];
         } else {
@@ -414,6 +481,8 @@ final class RowImage implements Closeable {
       source.prefetch(Arrays.copyOf(from, ranges), Arrays.copyOf(to, ranges));
     } catch (IOException e) {
       throw RowImageException.unfetched(name, e);
+    } finally {
+      source.blocksRead();
     }
   }
 
@@ -431,7 +500,7 @@ final class RowImage implements Closeable {
     int n = key.getSizeInBytes();
     Object keyBase = key.getBaseObject();
     long keyOffset = key.getBaseOffset();
-    for (int b = firstBlockEndingAtOrAfter(s); b < blockCount && firstKey[b] <= s; b++) {
+    for (int b = firstBlockEndingAtOrAfter(s); b < blockCount && firstKeyOf(b) <= s; b++) {
       BlockCache.Entry block = block(b);
       byte[] bytes = block.bytes;
       long at = Platform.BYTE_ARRAY_OFFSET + block.restarts[lastRestartBefore(block.restartKeys, s)];
@@ -474,7 +543,7 @@ final class RowImage implements Closeable {
       return;
     }
     long s = sortKey(keyGroup, hash);
-    for (int b = firstBlockEndingAtOrAfter(s); b < blockCount && firstKey[b] <= s; b++) {
+    for (int b = firstBlockEndingAtOrAfter(s); b < blockCount && firstKeyOf(b) <= s; b++) {
       BlockCache.Entry block = block(b);
       byte[] bytes = block.bytes;
       long at = Platform.BYTE_ARRAY_OFFSET + block.restarts[lastRestartBefore(block.restartKeys, s)];
@@ -503,6 +572,7 @@ final class RowImage implements Closeable {
 
   /** Every record in sort order; see {@link Cursor}. Reads blocks in file order and does not fill the cache. */
   Cursor cursor() {
+    readAllPages();
     return new Cursor();
   }
 
@@ -552,6 +622,7 @@ final class RowImage implements Closeable {
         }
         chunk = read(offset[b], offset[last + 1]);
         chunkStart = offset[b];
+        source.blocksRead();
       }
       return chunk;
     }
@@ -612,13 +683,33 @@ final class RowImage implements Closeable {
 
   // ------------------------------------------------------------------ blocks
 
-  /** The first block whose last sort key is >= s (blockCount if none). */
+  /** The first block whose last sort key is >= s (blockCount if none); its index page is read if it was not. */
   private int firstBlockEndingAtOrAfter(long s) {
     int lo = 0;
     int hi = blockCount;
+    Pages p = pages;
+    if (p != null) {   // the page holding it is the first whose last block ends at or after s
+      int q = p.pageEndingAtOrAfter(s);
+      if (q == p.count) {
+        return blockCount;
+      }
+      if (p.loaded.get(q) == 0) {
+        if (s < p.first[q]) {   // between two pages: the page's first block, whose first key (the directory's) ends the search
+          return q * p.perPage;
+        }
+        readPageAndGuess(p, q, s);
+      }
+      lo = q * p.perPage;
+      hi = Math.min(lo + p.perPage, blockCount);
+    }
+    return firstAtLeast(lastKey, lo, hi, s);
+  }
+
+  /** The first i in [lo, hi) with {@code sorted[i] >= s} ({@code hi} if none). */
+  private static int firstAtLeast(long[] sorted, int lo, int hi, long s) {
     while (lo < hi) {
       int mid = (lo + hi) >>> 1;
-      if (lastKey[mid] < s) {
+      if (sorted[mid] < s) {
         lo = mid + 1;
       } else {
         hi = mid;
@@ -649,7 +740,230 @@ final class RowImage implements Closeable {
 
   /** Reads a block alone, for a lookup. */
   private BlockCache.Entry load(int b) {
-    return decodeOrReread(b, read(offset[b], offset[b + 1]), 0);
+    entry(b);
+    byte[] bytes = read(offset[b], offset[b + 1]);
+    source.blocksRead();
+    return decodeOrReread(b, bytes, 0);
+  }
+
+  // ------------------------------------------------------------------ index pages (a remote version-3 image)
+
+  /** Block b's first sort key: from the directory when b starts a page not read yet, else from its entry. */
+  private long firstKeyOf(int b) {
+    Pages p = pages;
+    if (p != null && p.loaded.get(b / p.perPage) == 0) {
+      if (b % p.perPage == 0) {
+        return p.first[b / p.perPage];
+      }
+      readPage(p, b / p.perPage);
+    }
+    return firstKey[b];
+  }
+
+  /** Makes block b's index entry readable (its page read if it was not). */
+  private void entry(int b) {
+    Pages p = pages;
+    if (p != null) {
+      readPage(p, b / p.perPage);
+    }
+  }
+
+  /**
+   * Reads index page q (its bytes fetched outside any lock), checks it against its CRC, reading it once more
+   * from the checkpoint if it fails (a damaged local copy), and against its directory entry, then publishes it.
+   */
+  private void readPage(Pages p, int q) {
+    if (p.loaded.get(q) != 0) {
+      return;
+    }
+    int b0 = q * p.perPage;
+    int b1 = Math.min(b0 + p.perPage, blockCount);
+    long at = indexOffset + (long) b0 * INDEX_ENTRY_BYTES;
+    int n = (b1 - b0) * INDEX_ENTRY_BYTES;
+    try {   // as a prefetch: a lookup's read would point the background fill at the index, not the blocks
+      source.prefetch(new long[] {at}, new long[] {at + n});
+    } catch (IOException e) {
+      throw RowImageException.unfetched(name, e);
+    }
+    byte[] bytes = read(at, at + n);
+    if (crc32(bytes) != p.crc[q]) {
+      try {
+        bytes = source.reread(at, n);
+      } catch (IOException e) {
+        throw RowImageException.unreadable(name, e);
+      }
+      if (bytes == null || crc32(bytes) != p.crc[q]) {
+        throw RowImageException.corrupt(name, "index page " + q + " of " + p.count + " fails its CRC-32");
+      }
+    }
+    synchronized (p) {
+      if (p.loaded.get(q) != 0) {
+        return;
+      }
+      long n0 = readEntries(ByteBuffer.wrap(bytes).order(ByteOrder.LITTLE_ENDIAN), b0, b1, p.start[q],
+          q + 1 < p.count ? p.start[q + 1] : indexOffset);
+      if (n0 != p.records[q] || firstKey[b0] != p.first[q] || lastKey[b1 - 1] != p.last[q]) {
+        throw RowImageException.corrupt(name, "index page " + q + " of " + p.count + " does not match its entry in "
+            + "the page directory");
+      }
+      p.loaded.set(q, 1);   // publishes the page's entries to lookups that read the flag
+      if (--p.missing == 0) {
+        pages = null;
+      }
+    }
+  }
+
+  /**
+   * Reads index page q for a lookup of sort key s, fetching with it, in the same request, the bytes where the
+   * key's block most likely is: sort keys are hashes, spread evenly over a page's blocks, so the key's place
+   * between the page's first and last sort keys is about its block's place between the page's first byte and
+   * its last ({@link #GUESS_BYTES} either side). A restore's first lookup then costs one round trip, not two; a
+   * guess that misses costs the block's own fetch, as without it.
+   */
+  private void readPageAndGuess(Pages p, int q, long s) {
+    long pageFrom = indexOffset + (long) q * p.perPage * INDEX_ENTRY_BYTES;
+    long pageTo = indexOffset + (long) Math.min((q + 1) * p.perPage, blockCount) * INDEX_ENTRY_BYTES;
+    long lo = p.start[q];
+    long hi = q + 1 < p.count ? p.start[q + 1] : indexOffset;
+    double at = p.last[q] > p.first[q] ? (double) (s - p.first[q]) / (double) (p.last[q] - p.first[q]) : 0;
+    long guess = lo + (long) (Math.min(1, Math.max(0, at)) * (hi - lo));
+    long from = Math.max(lo, guess - GUESS_BYTES);
+    long to = Math.min(hi, guess + GUESS_BYTES);
+    try {
+      source.prefetch(new long[] {from, pageFrom}, new long[] {Math.max(from + 1, to), pageTo});
+    } catch (IOException e) {
+      throw RowImageException.unfetched(name, e);
+    }
+    readPage(p, q);
+  }
+
+  /** Reads the index pages these sorted keys need (their bytes in one request), ahead of their lookups. */
+  private void readPagesOf(long[] sorted, int m) {
+    Pages p = pages;
+    if (p == null) {
+      return;
+    }
+    int[] wanted = new int[Math.min(m, p.count)];
+    int w = 0;
+    for (int i = 0; i < m && w < wanted.length; i++) {
+      int q = p.pageEndingAtOrAfter(sorted[i]);
+      if (q < p.count && p.loaded.get(q) == 0 && (w == 0 || wanted[w - 1] != q)) {
+        wanted[w++] = q;
+      }
+    }
+    readPages(p, Arrays.copyOf(wanted, w));
+  }
+
+  /** Reads every index page not read yet (a cursor; the key filter's check): their bytes in one request. */
+  private void readAllPages() {
+    Pages p = pages;
+    if (p == null) {
+      return;
+    }
+    int[] all = new int[p.count];
+    int w = 0;
+    for (int q = 0; q < p.count; q++) {
+      if (p.loaded.get(q) == 0) {
+        all[w++] = q;
+      }
+    }
+    readPages(p, Arrays.copyOf(all, w));
+  }
+
+  /** Pages {@code qs} (ascending): fetched at once, then each read from the local copy. */
+  private void readPages(Pages p, int[] qs) {
+    if (qs.length == 0) {
+      return;
+    }
+    if (qs.length > 1) {
+      long[] from = new long[qs.length];
+      long[] to = new long[qs.length];
+      int r = 0;
+      for (int q : qs) {
+        long a = indexOffset + (long) q * p.perPage * INDEX_ENTRY_BYTES;
+        long z = indexOffset + (long) Math.min((q + 1) * p.perPage, blockCount) * INDEX_ENTRY_BYTES;
+        if (r > 0 && to[r - 1] == a) {
+          to[r - 1] = z;
+        } else {
+          from[r] = a;
+          to[r++] = z;
+        }
+      }
+      try {
+        source.prefetch(Arrays.copyOf(from, r), Arrays.copyOf(to, r));
+      } catch (IOException e) {
+        throw RowImageException.unfetched(name, e);
+      }
+    }
+    for (int q : qs) {
+      readPage(p, q);
+    }
+  }
+
+  /**
+   * The page directory of a remote version-3 image while some index pages are not read (file layout: the
+   * module docstring of spark_state/format/rowimage.py): per page of {@code perPage} consecutive index entries,
+   * its first and last sort keys, its first block's offset, its CRC-32 and its records, checked at open (the
+   * directory's CRC, order, offsets, record total); and which pages the index arrays hold.
+   */
+  private final class Pages {
+    final int count;
+    final int perPage;
+    final long[] first;
+    final long[] last;
+    final long[] start;
+    final int[] crc;
+    final long[] records;
+    /** 1: the page's entries are in the index arrays (a volatile write after them). */
+    final AtomicIntegerArray loaded;
+    /** Pages not read yet (guarded by this). */
+    int missing;
+
+    Pages(byte[] directory, int count, int perPage, int directoryCrc) {
+      CRC32 c = new CRC32();
+      c.update(directory);
+      c.update(ByteBuffer.allocate(8).order(ByteOrder.LITTLE_ENDIAN).putInt(count).putInt(perPage).array());
+      if ((int) c.getValue() != directoryCrc) {
+        throw RowImageException.corrupt(name, "the page directory fails its CRC-32");
+      }
+      this.count = count;
+      this.perPage = perPage;
+      this.first = new long[count];
+      this.last = new long[count];
+      this.start = new long[count];
+      this.crc = new int[count];
+      this.records = new long[count];
+      ByteBuffer d = ByteBuffer.wrap(directory).order(ByteOrder.LITTLE_ENDIAN);
+      long total = 0;
+      for (int q = 0; q < count; q++) {
+        int at = q * PAGE_ENTRY_BYTES;
+        first[q] = d.getLong(at);
+        last[q] = d.getLong(at + 8);
+        start[q] = d.getLong(at + 16);
+        crc[q] = d.getInt(at + 24);
+        records[q] = d.getInt(at + 28) & 0xFFFFFFFFL;
+        int entries = Math.min(perPage, blockCount - q * perPage);
+        if (first[q] < 0 || last[q] < first[q] || (q > 0 && first[q] < last[q - 1])
+            || (q == 0 ? start[q] != 0 : start[q] <= start[q - 1]) || start[q] >= indexOffset
+            || records[q] < entries) {
+          throw RowImageException.corrupt(name, "page directory entry " + q + " of " + count + " is out of order");
+        }
+        total += records[q];
+        offset[q * perPage] = start[q];
+      }
+      if (total != RowImage.this.records) {
+        throw RowImageException.corrupt(name, "the trailer counts " + RowImage.this.records + " records, the page "
+            + "directory " + total);
+      }
+      offset[blockCount] = indexOffset;
+      this.loaded = new AtomicIntegerArray(count);
+      this.missing = count;
+    }
+
+    /** The first page whose last block ends at or after sort key s ({@link #count} if none). */
+    int pageEndingAtOrAfter(long s) {
+      return firstAtLeast(last, 0, count, s);
+    }
   }
 
   /** The file's bytes [from, to): a new array (blocks and rows may point into it). */

@@ -25,6 +25,8 @@ import org.apache.spark.unsafe.Platform;
  * fsynced. {@link #finish} completes the file; closing an unfinished writer deletes it.
  */
 final class RowImageWriter implements Closeable {
+  /** The format version of spill runs: no page directory (read whole, from a local disk). */
+  static final int VERSION = 2;
   static final int DEFAULT_BLOCK_BYTES = 4 << 10;
   static final int ZSTD_LEVEL = 1;
 
@@ -205,7 +207,7 @@ final class RowImageWriter implements Closeable {
     }
     ByteBuffer trailer = ByteBuffer.allocate(RowImage.TRAILER_BYTES).order(ByteOrder.LITTLE_ENDIAN);
     trailer.putLong(indexOffset).putLong(records).putInt(blocks).putInt(RowImage.crc32(indexBytes)).putInt(codec)
-        .putInt(flags).put(RowImage.MAGIC).put((byte) RowImage.VERSION);
+        .putInt(flags).put(RowImage.MAGIC).put((byte) VERSION);
     out.write(trailer.array());
     written += RowImage.TRAILER_BYTES;
     finished = true;
