@@ -75,6 +75,17 @@ def restore_and_batch(p: Probe, proxy: S3Proxy, first: int, batch: int):
     return (t_open, t_get, t_batch), (before, restored, counts(proxy))
 
 
+def cpu_seconds(*pids: int) -> float:
+    """CPU time (user + system) these processes have used so far. The loopback S3 server and the proxy run on
+    the same two cores as the worker and the JVM; what they use during a batch is the rig's share, which an
+    object store does not take from the executor."""
+    ticks = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])   # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def counts(proxy: S3Proxy) -> tuple[int, int]:
     """(requests, bytes) the proxy forwarded so far."""
     s = proxy.stats()
@@ -163,7 +174,9 @@ def run(keys: int, latencies: list[int], out: Path, jvm_flags: tuple[str, ...] =
                 try:
                     p.ok(spec)
                     p.ok("fetched")   # the worker is up before the clock starts
+                    cpu0 = cpu_seconds(moto.pid, proxy.proc.pid)
                     (t_open, t_get, t_batch), (r0, r1, r2) = restore_and_batch(p, proxy, first, batch)
+                    rig_cpu = cpu_seconds(moto.pid, proxy.proc.pid) - cpu0
                     fetched = [int(x) for x in p.ok("fetched")]
                     filled = None
                     if ranges:
@@ -202,7 +215,7 @@ def run(keys: int, latencies: list[int], out: Path, jvm_flags: tuple[str, ...] =
                            batch_requests=r2[0] - r0[0], batch_bytes=r2[1] - r0[1],
                            total_requests=r3[0] - r0[0], total_bytes=r3[1] - r0[1],
                            shim_fetched_bytes=fetched[0], shim_fetch_requests=fetched[1],
-                           filled_ms=filled, warm_open_ms=w_open, warm_first_get_ms=w_get,
+                           filled_ms=filled, rig_cpu_s=rig_cpu, warm_open_ms=w_open, warm_first_get_ms=w_get,
                            warm_open_first_get_ms=w_open + w_get, warm_open_batch_ms=w_open + w_get + w_batch,
                            warm_restore_requests=w1[0] - w0[0], warm_restore_bytes=w1[1] - w0[1])
                 rows.append(row)
@@ -257,6 +270,13 @@ def write(result: dict, out: Path) -> None:
                       f"and {rig['range_get_ms_small']:.1f} ms from a {rig['object_bytes_small'] / 2**10:.0f} KiB one "
                       f"with no latency injected (`--server moto`: moto reads and copies the whole object for every "
                       f"ranged GET, which S3 does not; `--server ranged`, the default, reads only the range)."]
+    lines += ["", "CPU the loopback S3 server and the proxy used during the cold open + 1% gets (of the two cores "
+                  "the worker and the JVM also run on; an object store takes none of the executor's):", "",
+              "| latency | mode | open + 1% gets | server and proxy CPU |", "|---|---|---|---|"]
+    for r in result["rows"]:
+        if r.get("rig_cpu_s") is not None:
+            lines.append(f"| {r['latency_ms']} ms | {r['mode']} | {r['open_batch_ms']:,.0f} ms "
+                         f"| {r['rig_cpu_s'] * 1000:,.0f} ms |")
     lines += ["", "Ratios, range ÷ download:", "",
               "| latency | getStore + first get (cold) | (warm) | open + 1% gets (cold) | (warm) | open + full scan |",
               "|---|---|---|---|---|---|"]
