@@ -119,7 +119,7 @@ CHUNK_BYTES = 8 * 1024 * 1024
 assert INDEX_ENTRY.itemsize == 40 and TRAILER_BYTES == 40 and PAGE_ENTRY.itemsize == 32
 
 
-def page_directory(index: np.ndarray, index_bytes: bytes, per_page: int = PAGE_ENTRIES) -> np.ndarray:
+def page_directory(index: np.ndarray, index_bytes: bytes, per_page: int) -> np.ndarray:
     """The directory of an index (version 3): per page of ``per_page`` entries, its first and last sort keys,
     its first block's offset, the CRC-32 of its bytes and its record count."""
     pages = -(-len(index) // per_page)
