@@ -62,6 +62,16 @@ public class RemoteImageProbe {
 
   static final Map<String, Store> STORES = new HashMap<>();
 
+  /**
+   * One Hadoop configuration for every provider, loaded once, as an executor's tasks share the broadcast one:
+   * a new one loads its default resources on first use (about 10 ms), which no executor's getStore pays.
+   */
+  static final Configuration HADOOP_CONF = new Configuration();
+
+  static {
+    HADOOP_CONF.get("fs.defaultFS");
+  }
+
   static StateStoreProvider provider(String[] spec) {
     String dir = spec[2];
     String python = spec[3];
@@ -85,7 +95,7 @@ public class RemoteImageProbe {
     StateStoreId id = new StateStoreId(new File(dir).toURI().toString(), 0L, partition,
         StateStoreId.DEFAULT_STORE_NAME());
     return StateStoreProvider.createAndInit(new StateStoreProviderId(id, new UUID(42, 42)), KEY, VALUE,
-        new NoPrefixKeyStateEncoderSpec(KEY), false, new StateStoreConf(c, extra), new Configuration(), false,
+        new NoPrefixKeyStateEncoderSpec(KEY), false, new StateStoreConf(c, extra), HADOOP_CONF, false,
         scala.Option.empty());
   }
 

@@ -122,6 +122,8 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
   private volatile long heldVersion = -1;
   /** The worker's maintenance status of this store, as it last reported it. */
   private volatile StoreClient.Maintenance maintenance;
+  /** Spark's directory of this store exists ({@link #createStoreDirectory}). */
+  private boolean storeDirectoryMade;
 
   public SparkStateProvider() {
     StateStoreProvider.$init$(this);
@@ -184,9 +186,13 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     WorkerClient worker = WorkerClient.get();
     Engine.executor().budget().setLimit(StoreClient.validate(worker, options));
     Engine.executor().setImageCacheSize(StoreClient.imageCacheSize(worker, options));
-    this.hasher = new KeyHasher(keySchema,
+    this.hasher = KeyHasher.of(keySchema,
         KeyHasher.hashFieldCount(keySchema, numColsPrefixKey, stateStoreId.storeName()), options.maxParallelism());
     this.format = rowFormat(keySchema, valueSchema, hasher);
+    hasher.prepare();
+    if (format.typed()) {
+      ArrowCodec.prepareDecoding(keySchema, valueSchema);
+    }
     this.spec = new StoreSpec(keySchema, valueSchema.fields().length, numColsPrefixKey,
         KeyOrder.of(hasher::hash, hasher::keyGroup),
         this::imageFailed);
@@ -194,7 +200,6 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
       LOG.info("spark_state: {} keeps opaque rows (file format 1): Spark's Arrow conversion cannot map its key "
           + "schema {} or value schema {}", this, keySchema.simpleString(), valueSchema.simpleString());
     }
-    createStoreDirectory();
     this.client = new StoreClient(worker, stateStoreId, options, checkpointIds);
   }
 
@@ -209,7 +214,8 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
   /**
    * Creates Spark's directory of this store, as Spark's own providers do: Spark's readers of the
    * checkpoint (the statestore data source) find partitions by listing these directories, whatever
-   * storage the worker uses.
+   * storage the worker uses. Done before the provider's first commit, as Spark's RocksDB provider does, not
+   * in {@link #init}: on object storage a mkdirs costs requests, which a restore's getStore need not wait for.
    */
   private void createStoreDirectory() {
     org.apache.hadoop.fs.Path dir = stateStoreId.storeCheckpointLocation();
@@ -455,6 +461,10 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
       }
     } catch (IOException e) {
       throw new UncheckedIOException("spark_state: cannot encode the changes of " + this, e);
+    }
+    if (!storeDirectoryMade) {
+      createStoreDirectory();
+      storeDirectoryMade = true;
     }
     int minVersions = storeConf.minVersionsToRetain();
     long keys = base.rows.knownSize();

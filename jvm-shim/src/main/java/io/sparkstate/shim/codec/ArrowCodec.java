@@ -185,6 +185,14 @@ public final class ArrowCodec {
   }
 
   /**
+   * Readies {@link #decodeState} of typed rows of these schemas in the background (their projections):
+   * a provider's init calls it, so a cold JVM generates that code while the first load waits on storage.
+   */
+  public static void prepareDecoding(StructType keySchema, StructType valueSchema) {
+    Projections.prepare(keySchema, valueSchema);
+  }
+
+  /**
    * Decodes a state stream, typed or opaque; rows with a null value are skipped (they only occur in
    * change logs). Returns whether the stream was typed (false: opaque rows of format 1).
    */
@@ -205,10 +213,15 @@ public final class ArrowCodec {
          ArrowStreamReader reader = new ArrowStreamReader(in, alloc)) {
       VectorSchemaRoot root = reader.getVectorSchemaRoot();
       if (root.getVector("key") instanceof StructVector && root.getVector("value") instanceof StructVector) {
-        UnsafeProjection keyProjection = UnsafeProjection.create(keySchema);
-        UnsafeProjection valueProjection = UnsafeProjection.create(valueSchema);
-        while (reader.loadNextBatch()) {
-          TypedCodec.decodeBatch(root, keyProjection, valueProjection, sink, deletes);
+        UnsafeProjection keyProjection = Projections.borrow(keySchema);
+        UnsafeProjection valueProjection = Projections.borrow(valueSchema);
+        try {
+          while (reader.loadNextBatch()) {
+            TypedCodec.decodeBatch(root, keyProjection, valueProjection, sink, deletes);
+          }
+        } finally {   // the sink copied what it keeps
+          Projections.giveBack(keySchema, keyProjection);
+          Projections.giveBack(valueSchema, valueProjection);
         }
         return true;
       }

@@ -2,6 +2,7 @@ package io.sparkstate.shim.codec;
 
 import java.util.ArrayList;
 import java.util.List;
+import java.util.concurrent.ConcurrentHashMap;
 
 import org.apache.spark.sql.catalyst.expressions.BoundReference;
 import org.apache.spark.sql.catalyst.expressions.Expression;
@@ -24,11 +25,15 @@ public final class KeyHasher {
   static final int SEED = 42;
   /** The default number of key groups (the worker's option maxParallelism; spark_state/options.py). */
   public static final int DEFAULT_MAX_PARALLELISM = 100_800;
+  /** Hashers made for a key schema, shared by the providers of its stores (a map, as providers of many queries may run). */
+  private static final ConcurrentHashMap<List<Object>, KeyHasher> SHARED = new ConcurrentHashMap<>();
+
   /**
    * The hash as generated code (one projection to an int column): the interpreted expression was a
-   * quarter of a commit's time in the JVM. Projections are not thread-safe, so {@link #hash} is synchronized.
+   * quarter of a commit's time in the JVM. A projection is not thread-safe, so each thread has its own;
+   * generating one costs milliseconds, so a thread's serves every store of the schema it hashes for.
    */
-  private final UnsafeProjection projection;
+  private final ThreadLocal<UnsafeProjection> projection;
   private final int maxParallelism;
 
   public KeyHasher(StructType keySchema, int numHashFields, int maxParallelism) {
@@ -37,9 +42,36 @@ public final class KeyHasher {
     for (int i = 0; i < numHashFields; i++) {
       refs.add(new BoundReference(i, fields[i].dataType(), fields[i].nullable()));
     }
-    Expression hash = new Murmur3Hash(CollectionConverters.asScala(refs).toList(), SEED);
-    this.projection = UnsafeProjection.create(CollectionConverters.asScala(List.of(hash)).toSeq());
+    scala.collection.immutable.Seq<Expression> hash =
+        CollectionConverters.asScala(List.<Expression>of(new Murmur3Hash(CollectionConverters.asScala(refs).toList(),
+            SEED))).toSeq();
+    this.projection = ThreadLocal.withInitial(() -> UnsafeProjection.create(hash));
     this.maxParallelism = maxParallelism;
+  }
+
+  /** The hasher of a store's keys: one per schema, hashed columns and key-group count, shared. */
+  public static KeyHasher of(StructType keySchema, int numHashFields, int maxParallelism) {
+    List<Object> id = new ArrayList<>();
+    for (int i = 0; i < numHashFields; i++) {   // only what the hash reads: names do not change it
+      id.add(keySchema.fields()[i].dataType());
+      id.add(keySchema.fields()[i].nullable());
+    }
+    id.add(maxParallelism);
+    return SHARED.computeIfAbsent(id, k -> new KeyHasher(keySchema, numHashFields, maxParallelism));
+  }
+
+  /**
+   * Generates the hash's code on a pool thread, so the code generator has it compiled (tens of milliseconds
+   * on a cold JVM) by the time a task thread makes its own projection: a provider's init calls it, while its
+   * first load waits on storage.
+   */
+  public void prepare() {
+    java.util.concurrent.ForkJoinPool.commonPool().execute(() -> {
+      try {
+        projection.get();
+      } catch (RuntimeException e) {   // the task's own hash fails there, if it must
+      }
+    });
   }
 
   /** Number of leading key columns that Spark partitions this store's keys by. */
@@ -54,8 +86,8 @@ public final class KeyHasher {
     return n;
   }
 
-  public synchronized int hash(UnsafeRow key) {
-    return projection.apply(key).getInt(0);
+  public int hash(UnsafeRow key) {
+    return projection.get().apply(key).getInt(0);
   }
 
   public int keyGroup(int hash) {

@@ -51,8 +51,13 @@ public final class TypedCodec {
    * types (the store then keeps opaque row bytes, file format 1).
    */
   static TypedCodec forSchemas(StructType keySchema, StructType valueSchema) {
-    return create(keySchema, valueSchema, true);
+    return FOR_SCHEMAS.computeIfAbsent(java.util.List.of(keySchema, valueSchema),
+        k -> java.util.Optional.ofNullable(create(keySchema, valueSchema, true))).orElse(null);
   }
+
+  /** {@link #forSchemas}' answers: finding one makes an ArrowWriter (milliseconds), and a codec holds no state. */
+  private static final java.util.concurrent.ConcurrentHashMap<java.util.List<StructType>,
+      java.util.Optional<TypedCodec>> FOR_SCHEMAS = new java.util.concurrent.ConcurrentHashMap<>();
 
   /**
    * The codec that writes every schema with Spark's ArrowWriter, never {@link FlatStructWriter}: the

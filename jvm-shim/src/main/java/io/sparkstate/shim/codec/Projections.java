@@ -1,0 +1,78 @@
+package io.sparkstate.shim.codec;
+
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ConcurrentLinkedQueue;
+import java.util.concurrent.ForkJoinPool;
+import java.util.concurrent.atomic.AtomicInteger;
+
+import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
+import org.apache.spark.sql.types.StructType;
+
+/**
+ * Spark's generated row projections of a schema, lent out and given back. Making one costs milliseconds
+ * even when the code generator has the class cached (it generates the source to look it up): more than a
+ * whole restore's changes take to decode when few keys changed, so a load borrows one instead. A
+ * projection is not thread-safe; one lent out is used by its borrower alone until given back.
+ */
+final class Projections {
+  /** Idle projections kept per schema: about as many as loads run at once on an executor. */
+  static final int KEPT = 8;
+
+  private static final ConcurrentHashMap<StructType, Idle> IDLE = new ConcurrentHashMap<>();
+
+  private Projections() {
+  }
+
+  /** A projection of {@code schema}'s rows to UnsafeRows: an idle one, or a new one. */
+  static UnsafeProjection borrow(StructType schema) {
+    Idle idle = IDLE.get(schema);
+    UnsafeProjection p = idle == null ? null : idle.poll();
+    return p != null ? p : UnsafeProjection.create(schema);
+  }
+
+  /**
+   * Makes an idle projection of each schema that has none, on a pool thread: on a JVM that has not compiled
+   * a schema's projection yet, that takes the code generator tens of milliseconds, which a store's init can
+   * spend while its load waits on storage.
+   */
+  static void prepare(StructType... schemas) {
+    ForkJoinPool.commonPool().execute(() -> {
+      for (StructType schema : schemas) {
+        Idle idle = IDLE.get(schema);
+        if (idle == null || idle.size.get() == 0) {
+          try {
+            giveBack(schema, UnsafeProjection.create(schema));
+          } catch (RuntimeException e) {   // the load that needs it makes its own and fails there, if it must
+            return;
+          }
+        }
+      }
+    });
+  }
+
+  /** Gives back what {@link #borrow} lent; its last row must no longer be read. */
+  static void giveBack(StructType schema, UnsafeProjection projection) {
+    IDLE.computeIfAbsent(schema, s -> new Idle()).offer(projection);
+  }
+
+  private static final class Idle {
+    final ConcurrentLinkedQueue<UnsafeProjection> queue = new ConcurrentLinkedQueue<>();
+    final AtomicInteger size = new AtomicInteger();
+
+    UnsafeProjection poll() {
+      UnsafeProjection p = queue.poll();
+      if (p != null) {
+        size.decrementAndGet();
+      }
+      return p;
+    }
+
+    void offer(UnsafeProjection p) {
+      if (size.incrementAndGet() <= KEPT) {
+        queue.offer(p);
+      } else {
+        size.decrementAndGet();
+      }
+    }
+  }
+}
