@@ -184,10 +184,7 @@ public final class ArrowCodec {
     void accept(UnsafeRow key, UnsafeRow value);
   }
 
-  /**
-   * Readies {@link #decodeState} of typed rows of these schemas in the background (their projections):
-   * a provider's init calls it, so a cold JVM generates that code while the first load waits on storage.
-   */
+  /** Readies {@link #decodeState} of typed rows of these schemas (their projections): see {@link Projections#prepare}. */
   public static void prepareDecoding(StructType keySchema, StructType valueSchema) {
     Projections.prepare(keySchema, valueSchema);
   }

@@ -61,17 +61,12 @@ public final class KeyHasher {
   }
 
   /**
-   * Generates the hash's code on a pool thread, so the code generator has it compiled (tens of milliseconds
-   * on a cold JVM) by the time a task thread makes its own projection: a provider's init calls it, while its
-   * first load waits on storage.
+   * Generates the calling thread's hash code now, not at its first hash. A provider's init calls it: there a
+   * cold JVM's code generation (tens of milliseconds) overlaps the worker's start, where the first load would
+   * wait for it.
    */
   public void prepare() {
-    java.util.concurrent.ForkJoinPool.commonPool().execute(() -> {
-      try {
-        projection.get();
-      } catch (RuntimeException e) {   // the task's own hash fails there, if it must
-      }
-    });
+    projection.get();
   }
 
   /** Number of leading key columns that Spark partitions this store's keys by. */

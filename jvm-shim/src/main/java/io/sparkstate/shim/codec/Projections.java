@@ -2,7 +2,6 @@ package io.sparkstate.shim.codec;
 
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ConcurrentLinkedQueue;
-import java.util.concurrent.ForkJoinPool;
 import java.util.concurrent.atomic.AtomicInteger;
 
 import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
@@ -31,23 +30,16 @@ final class Projections {
   }
 
   /**
-   * Makes an idle projection of each schema that has none, on a pool thread: on a JVM that has not compiled
-   * a schema's projection yet, that takes the code generator tens of milliseconds, which a store's init can
-   * spend while its load waits on storage.
+   * Makes an idle projection of each schema that has none. A provider's init calls it: there a cold JVM's
+   * code generation (tens of milliseconds) overlaps the worker's start, where the first load would wait for it.
    */
   static void prepare(StructType... schemas) {
-    ForkJoinPool.commonPool().execute(() -> {
-      for (StructType schema : schemas) {
-        Idle idle = IDLE.get(schema);
-        if (idle == null || idle.size.get() == 0) {
-          try {
-            giveBack(schema, UnsafeProjection.create(schema));
-          } catch (RuntimeException e) {   // the load that needs it makes its own and fails there, if it must
-            return;
-          }
-        }
+    for (StructType schema : schemas) {
+      Idle idle = IDLE.get(schema);
+      if (idle == null || idle.size.get() == 0) {
+        giveBack(schema, UnsafeProjection.create(schema));
       }
-    });
+    }
   }
 
   /** Gives back what {@link #borrow} lent; its last row must no longer be read. */
