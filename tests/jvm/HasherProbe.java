@@ -20,7 +20,8 @@ import scala.jdk.javaapi.CollectionConverters;
 /**
  * KeyHasher shared by stores and used by many threads at once: every thread's hashes of a key (long, string)
  * hashed by both columns, and by the first alone (a prefix), equal Spark's own interpreted Murmur3Hash (seed 42,
- * what HashPartitioning computes); KeyHasher.of shares one hasher per hashed types and key-group count. Prints
+ * what HashPartitioning computes); KeyHasher.of shares one hasher per hashed types (and nullability) and key-group
+ * count. Prints
  * OK or FAILED with the first difference.
  */
 public class HasherProbe {
@@ -30,6 +31,7 @@ public class HasherProbe {
   public static void main(String[] args) throws Exception {
     StructType key = new StructType().add("id", DataTypes.LongType).add("name", DataTypes.StringType);
     StructType renamed = new StructType().add("user", DataTypes.LongType).add("page", DataTypes.StringType);
+    StructType notNull = new StructType().add("id", DataTypes.LongType, false).add("name", DataTypes.StringType, false);
     UnsafeProjection toUnsafe = UnsafeProjection.create(key);
     List<UnsafeRow> rows = new ArrayList<>();
     for (int i = 0; i < ROWS; i++) {
@@ -39,8 +41,9 @@ public class HasherProbe {
     String failed = null;
     if (KeyHasher.of(key, 2, 128) != KeyHasher.of(renamed, 2, 128)) {
       failed = "two key schemas of the same types got two hashers";
-    } else if (KeyHasher.of(key, 2, 128) == KeyHasher.of(key, 2, 64) || KeyHasher.of(key, 2, 128) == KeyHasher.of(key, 1, 128)) {
-      failed = "hashers of other key-group counts or hashed columns are shared";
+    } else if (KeyHasher.of(key, 2, 128) == KeyHasher.of(key, 2, 64) || KeyHasher.of(key, 2, 128) == KeyHasher.of(key, 1, 128)
+        || KeyHasher.of(key, 2, 128) == KeyHasher.of(notNull, 2, 128)) {
+      failed = "hashers of other key-group counts, hashed columns or nullability are shared";
     }
     for (int fields = 1; fields <= 2 && failed == null; fields++) {
       List<Expression> refs = new ArrayList<>();

@@ -123,7 +123,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
   /** The worker's maintenance status of this store, as it last reported it. */
   private volatile StoreClient.Maintenance maintenance;
   /** Spark's directory of this store exists ({@link #createStoreDirectory}). */
-  private boolean storeDirectoryMade;
+  private volatile boolean storeDirectoryMade;
 
   public SparkStateProvider() {
     StateStoreProvider.$init$(this);

@@ -212,13 +212,15 @@ public final class ArrowCodec {
       if (root.getVector("key") instanceof StructVector && root.getVector("value") instanceof StructVector) {
         UnsafeProjection keyProjection = Projections.borrow(keySchema);
         UnsafeProjection valueProjection = Projections.borrow(valueSchema);
+        int largestRow = 0;
         try {
           while (reader.loadNextBatch()) {
-            TypedCodec.decodeBatch(root, keyProjection, valueProjection, sink, deletes);
+            largestRow = Math.max(largestRow,
+                TypedCodec.decodeBatch(root, keyProjection, valueProjection, sink, deletes));
           }
         } finally {   // the sink copied what it keeps
-          Projections.giveBack(keySchema, keyProjection);
-          Projections.giveBack(valueSchema, valueProjection);
+          Projections.giveBack(keySchema, keyProjection, largestRow);
+          Projections.giveBack(valueSchema, valueProjection, largestRow);
         }
         return true;
       }

@@ -2,7 +2,6 @@ package io.sparkstate.shim.codec;
 
 import java.util.ArrayList;
 import java.util.List;
-import java.util.concurrent.ConcurrentHashMap;
 
 import org.apache.spark.sql.catalyst.expressions.BoundReference;
 import org.apache.spark.sql.catalyst.expressions.Expression;
@@ -26,7 +25,7 @@ public final class KeyHasher {
   /** The default number of key groups (the worker's option maxParallelism; spark_state/options.py). */
   public static final int DEFAULT_MAX_PARALLELISM = 100_800;
   /** Hashers made for a key schema, shared by the providers of its stores (a map, as providers of many queries may run). */
-  private static final ConcurrentHashMap<List<Object>, KeyHasher> SHARED = new ConcurrentHashMap<>();
+  private static final SchemaCache<List<Object>, KeyHasher> SHARED = new SchemaCache<>();
 
   /**
    * The hash as generated code (one projection to an int column): the interpreted expression was a

@@ -1,6 +1,5 @@
 package io.sparkstate.shim.codec;
 
-import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.atomic.AtomicInteger;
 
@@ -16,8 +15,13 @@ import org.apache.spark.sql.types.StructType;
 final class Projections {
   /** Idle projections kept per schema: about as many as loads run at once on an executor. */
   static final int KEPT = 8;
+  /**
+   * A projection's buffer grows to its largest row and never shrinks: one that made a larger row is not
+   * kept, so an idle one holds at most this much outside the memory budget.
+   */
+  static final int KEPT_ROW_BYTES = 1 << 20;
 
-  private static final ConcurrentHashMap<StructType, Idle> IDLE = new ConcurrentHashMap<>();
+  private static final SchemaCache<StructType, Idle> IDLE = new SchemaCache<>();
 
   private Projections() {
   }
@@ -37,14 +41,19 @@ final class Projections {
     for (StructType schema : schemas) {
       Idle idle = IDLE.get(schema);
       if (idle == null || idle.size.get() == 0) {
-        giveBack(schema, UnsafeProjection.create(schema));
+        giveBack(schema, UnsafeProjection.create(schema), 0);
       }
     }
   }
 
-  /** Gives back what {@link #borrow} lent; its last row must no longer be read. */
-  static void giveBack(StructType schema, UnsafeProjection projection) {
-    IDLE.computeIfAbsent(schema, s -> new Idle()).offer(projection);
+  /**
+   * Gives back what {@link #borrow} lent, whose largest row had {@code largestRow} bytes; its last row must no
+   * longer be read.
+   */
+  static void giveBack(StructType schema, UnsafeProjection projection, int largestRow) {
+    if (largestRow <= KEPT_ROW_BYTES) {
+      IDLE.computeIfAbsent(schema, s -> new Idle()).offer(projection);
+    }
   }
 
   private static final class Idle {

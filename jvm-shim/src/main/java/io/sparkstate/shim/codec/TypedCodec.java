@@ -17,7 +17,6 @@ import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.vectorized.ArrowColumnVector;
-import org.apache.spark.sql.vectorized.ColumnarRow;
 
 /**
  * Typed rows of docs/protocol.md ({@code kg, hash, key: struct, value: struct}): the key and value
@@ -51,13 +50,18 @@ public final class TypedCodec {
    * types (the store then keeps opaque row bytes, file format 1).
    */
   static TypedCodec forSchemas(StructType keySchema, StructType valueSchema) {
-    return FOR_SCHEMAS.computeIfAbsent(java.util.List.of(keySchema, valueSchema),
-        k -> java.util.Optional.ofNullable(create(keySchema, valueSchema, true))).orElse(null);
+    java.util.List<StructType> schemas = java.util.List.of(keySchema, valueSchema);
+    TypedCodec codec = FOR_SCHEMAS.get(schemas);
+    if (codec != null) {
+      return codec;
+    }
+    TypedCodec made = create(keySchema, valueSchema, true);
+    // "opaque" (null) is not kept: a transient failure to make a writer must not pin a schema to it
+    return made == null ? null : FOR_SCHEMAS.computeIfAbsent(schemas, k -> made);
   }
 
-  /** {@link #forSchemas}' answers: finding one makes an ArrowWriter (milliseconds), and a codec holds no state. */
-  private static final java.util.concurrent.ConcurrentHashMap<java.util.List<StructType>,
-      java.util.Optional<TypedCodec>> FOR_SCHEMAS = new java.util.concurrent.ConcurrentHashMap<>();
+  /** {@link #forSchemas}' codecs: finding one makes an ArrowWriter (milliseconds), and a codec holds no state. */
+  private static final SchemaCache<java.util.List<StructType>, TypedCodec> FOR_SCHEMAS = new SchemaCache<>();
 
   /**
    * The codec that writes every schema with Spark's ArrowWriter, never {@link FlatStructWriter}: the
@@ -254,23 +258,28 @@ public final class TypedCodec {
   /**
    * Decodes one batch of a typed state stream; rows with a null value are skipped. The rows passed to
    * the sink are the projections' buffers, valid until the next row (the sink copies what it keeps).
+   * Returns the size of the largest key or value made (bytes).
    */
-  static void decodeBatch(VectorSchemaRoot root, UnsafeProjection keyProjection, UnsafeProjection valueProjection,
+  static int decodeBatch(VectorSchemaRoot root, UnsafeProjection keyProjection, UnsafeProjection valueProjection,
       ArrowCodec.RowSink sink, boolean deletes) {
     ArrowColumnVector key = new ArrowColumnVector(root.getVector("key"));
     ArrowColumnVector value = new ArrowColumnVector(root.getVector("value"));
     int n = root.getRowCount();
+    int largest = 0;
     for (int i = 0; i < n; i++) {
+      UnsafeRow k = keyProjection.apply(key.getStruct(i));
+      largest = Math.max(largest, k.getSizeInBytes());
       if (value.isNullAt(i)) {
         if (deletes) {
-          sink.accept(keyProjection.apply(key.getStruct(i)), null);
+          sink.accept(k, null);
         }
         continue;
       }
-      ColumnarRow k = key.getStruct(i);
-      ColumnarRow v = value.getStruct(i);
-      sink.accept(keyProjection.apply(k), valueProjection.apply(v));
+      UnsafeRow v = valueProjection.apply(value.getStruct(i));
+      largest = Math.max(largest, v.getSizeInBytes());
+      sink.accept(k, v);
     }
+    return largest;
   }
 
   /**
