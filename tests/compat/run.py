@@ -84,14 +84,15 @@ def check_version(installing: Future, python_version: str, version: str, work: P
         env = wheel_env.jre_env(work)
         # the query as it comes, and the same query with Spark's checkpoint format v2 (state store checkpoint
         # ids): two apps of their own, each restarted once, side by side (mostly JVM start-up and waiting)
-        chains = {"": ["--configure"], "v2_": ["--configure", "--checkpoint-format", "2"]}
+        # key: the prefix of its times in the record; value: its app directory and arguments
+        chains = {"": ("app", ["--configure"]), "v2_": ("app-v2", ["--configure", "--checkpoint-format", "2"])}
 
         def chain(prefix: str) -> list[dict]:
+            app, args = chains[prefix]
             out = []
             for phase in (1, 2):
                 t = time.monotonic()
-                out.append(wheel_env.run_app(python, work / f"app{'-v2' if prefix else ''}", phase, env,
-                                             args=chains[prefix]))
+                out.append(wheel_env.run_app(python, work / app, phase, env, args=args))
                 record[f"{prefix}phase{phase}_s"] = round(time.monotonic() - t, 1)
             return out
 
