@@ -49,6 +49,9 @@ def test_spark_defaults_example_lists_every_option():
     text = (ROOT / "conf" / "spark-defaults.conf").read_text()
     for short in DESCRIPTIONS:
         assert PREFIX + short in text, f"conf/spark-defaults.conf does not show {short}"
+        line = re.search(rf"^(?:# )?{re.escape(PREFIX + short)}\s", text, re.M)
+        above = text[:line.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        assert above == "# " + DESCRIPTIONS[short], f"conf/spark-defaults.conf explains {short} otherwise than options.py"
     from spark_state.spark.config import spark_conf
 
     for key in spark_conf():  # the jar, the provider and the listener too (set, or shown commented out)

@@ -36,8 +36,13 @@ final class ImageCache {
   private static final Logger LOG = LoggerFactory.getLogger(ImageCache.class);
   /** Bytes of the unit the copies are kept in: a lookup's miss fetches the pages under its block. */
   static final int PAGE = Math.max(4096, Integer.getInteger("spark_state.imageCachePage", 64 << 10));
-  /** Largest range of one request: the worker reads a request's ranges at once. */
-  static final long RANGE_BYTES = Math.max(PAGE, Long.getLong("spark_state.imageFillRange", 1L << 20));
+  /**
+   * Largest range of one request (the worker reads a request's ranges at once): a fill request is one range,
+   * the size S3's guidelines name for range GETs (8 or 16 MB). Every GET costs the store a request's work
+   * whatever its size: 1 MiB ranges made the fill 8 times the requests, and on the loopback test server
+   * twice the CPU of a download (benchmarks/results/remote-restore/).
+   */
+  static final long RANGE_BYTES = Math.max(PAGE, Long.getLong("spark_state.imageFillRange", 8L << 20));
   /** Bytes one fill request asks for. */
   static final long FILL_BYTES = Math.max(RANGE_BYTES, Long.getLong("spark_state.imageFillBytes", 8L << 20));
   /** Fill loops per image (0: no background fill, tests). */

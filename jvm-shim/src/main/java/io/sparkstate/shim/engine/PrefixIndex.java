@@ -1,18 +1,12 @@
 package io.sparkstate.shim.engine;
 
-import java.util.ArrayList;
 import java.util.Collections;
-import java.util.List;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 
-import org.apache.spark.sql.catalyst.expressions.BoundReference;
-import org.apache.spark.sql.catalyst.expressions.Expression;
-import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
+import io.sparkstate.shim.codec.KeyPrefix;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
-import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
-import scala.jdk.javaapi.CollectionConverters;
 
 /**
  * Secondary index prefix key → keys of the rows a prefix-scan store ({@code PrefixKeyScanStateEncoderSpec}:
@@ -20,7 +14,8 @@ import scala.jdk.javaapi.CollectionConverters;
  * prefix by its hash). Holds its own copies of the keys. Not thread-safe (the store's lock guards it).
  */
 final class PrefixIndex {
-  private final UnsafeProjection prefixOf;
+  /** Shared generated code: a store is made per load, and generating its own cost milliseconds each time. */
+  private final KeyPrefix prefixOf;
   /** Heap an entry of the index takes beyond its key's bytes: the set's node, the row object and array. */
   static final long ENTRY_OVERHEAD = 112;
 
@@ -28,17 +23,12 @@ final class PrefixIndex {
   private long bytes;
 
   PrefixIndex(StructType keySchema, int numColsPrefixKey) {
-    StructField[] fields = keySchema.fields();
-    List<Expression> refs = new ArrayList<>();
-    for (int i = 0; i < numColsPrefixKey; i++) {
-      refs.add(new BoundReference(i, fields[i].dataType(), fields[i].nullable()));
-    }
-    this.prefixOf = UnsafeProjection.create(CollectionConverters.asScala(refs).toList());
+    this.prefixOf = KeyPrefix.of(keySchema, numColsPrefixKey);
   }
 
   /** Adds a key (copied). */
   void add(UnsafeRow key) {
-    UnsafeRow prefix = prefixOf.apply(key);
+    UnsafeRow prefix = prefixOf.prefix(key);
     Set<UnsafeRow> keys = index.get(prefix);
     if (keys == null) {
       keys = ConcurrentHashMap.newKeySet();
@@ -51,7 +41,7 @@ final class PrefixIndex {
   }
 
   void remove(UnsafeRow key) {
-    UnsafeRow prefix = prefixOf.apply(key);
+    UnsafeRow prefix = prefixOf.prefix(key);
     Set<UnsafeRow> keys = index.get(prefix);
     if (keys != null) {
       if (keys.remove(key)) {
@@ -66,7 +56,7 @@ final class PrefixIndex {
 
   /** Whether {@code key}'s prefix is {@code prefixKey}. */
   boolean hasPrefix(UnsafeRow key, UnsafeRow prefixKey) {
-    return prefixOf.apply(key).equals(prefixKey);
+    return prefixOf.prefix(key).equals(prefixKey);
   }
 
   /** Heap the index takes (about). */
