@@ -6,7 +6,7 @@ stream and stops; the second restarts from the same checkpointLocation, reads
 the second half, and shows that every user's running totals continue from
 where the first left them and that sessions time out on event time.
 
-    python -m spark_state.demo [--storage filesystem] [--workdir DIR]
+    python -m spark_state.demo [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def track_sessions(key, pdfs, state):
                          "session_clicks": session_clicks, "status": "open"}])
 
 
-def run_phase(workdir: Path, phase: int, storage: str) -> None:
+def run_phase(workdir: Path, phase: int) -> None:
     """One Spark application: process the files present, print the output, stop."""
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming.state import GroupStateTimeout
@@ -89,7 +89,7 @@ def run_phase(workdir: Path, phase: int, storage: str) -> None:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
     )
-    spark = spark_state.configure(builder, storage=storage).getOrCreate()
+    spark = spark_state.configure(builder).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     events = (
         spark.readStream.schema("user string, ts timestamp, page string")
@@ -151,15 +151,13 @@ def _show_state_without_spark(console, workdir: Path, final: dict) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--storage", default="filesystem", choices=["filesystem", "memory"],
-                        help="checkpoint storage (memory cannot survive the restart across processes)")
+    parser = argparse.ArgumentParser(prog="python -m spark_state.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", type=Path, help="where events, checkpoint and outputs go (default: a new temp dir)")
     parser.add_argument("--phase", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.phase is not None:
-        run_phase(args.workdir, args.phase, args.storage)
+        run_phase(args.workdir, args.phase)
         return 0
 
     from rich.console import Console
@@ -178,15 +176,20 @@ def main(argv: list[str] | None = None) -> int:
 
     def child(phase: int) -> None:
         cmd = [sys.executable, "-m", "spark_state.demo", "--phase", str(phase),
-               "--workdir", str(workdir), "--storage", args.storage]
+               "--workdir", str(workdir)]
         with console.status(f"run {phase}: a fresh Spark application processes the stream…"):
             proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
-            console.print(proc.stdout[-4000:], proc.stderr[-6000:], markup=False)
-            raise SystemExit(f"run {phase} failed (exit {proc.returncode})")
+            log = workdir / f"run-{phase}.log"
+            log.write_text(proc.stdout + proc.stderr)
+            # the cause, not the stack trace around it: spark_state's messages start with "spark_state:"
+            lines = [line.strip() for line in (proc.stderr + proc.stdout).splitlines() if line.strip()]
+            cause = next((line for line in lines if "spark_state:" in line or "SparkStateError" in line),
+                         lines[-1] if lines else "no output")
+            raise SystemExit(f"run {phase} failed (exit {proc.returncode}): {cause}\nits whole output: {log}")
 
     console.rule("[bold]spark_state demo: applyInPandasWithState, stopped and restarted")
-    console.print(f"work dir: {workdir}\nstorage: {args.storage}\n")
+    console.print(f"work dir: {workdir}\n")
     child(1)
     after_first = {}
     for batch, rows in _outputs(workdir, 1):
@@ -225,8 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                   "(manifests chk-N/_metadata, Arrow data in shared/):")
     for p in ours:
         console.print(f"  {p.relative_to(workdir)}  ({p.stat().st_size} bytes)", markup=False, soft_wrap=True)
-    if args.storage == "filesystem":   # memory storage keeps no files to read
-        ok &= _show_state_without_spark(console, workdir, final)
+    ok &= _show_state_without_spark(console, workdir, final)
     if not closed:
         ok = False
         console.print("[red]no session timed out in run 2, but the quiet users' sessions should have")

@@ -45,6 +45,17 @@ def test_nothing_only_the_site_expands_is_left_in_the_page(page):
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_a_table_ends_with_a_blank_line(page):
+    """GitHub's Markdown continues a table with the next line that is not blank: a paragraph written right
+    under a table shows as one of its rows."""
+    lines = _FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), page.read_text()).split("\n")
+    for i in range(1, len(lines)):
+        if lines[i - 1].startswith("|") and lines[i].strip() and not lines[i].lstrip().startswith(("|", "<!--")):
+            raise AssertionError(f"{page.name}:{i + 1}: a line right under a table shows as its row: "
+                                 f"{lines[i][:60]!r} (leave a blank line after the table)")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 def test_every_link_and_image_resolves_to_a_committed_file(page):
     for target in _LINK.findall(_outside_code(page.read_text())):
         if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):

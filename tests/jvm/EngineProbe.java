@@ -176,6 +176,9 @@ public class EngineProbe {
           case "forgotten":
             answer = forgotten(a[1]);
             break;
+          case "pinned":
+            answer = pinned(Long.parseLong(a[1]));
+            break;
           case "filters":
             answer = filters();
             break;
@@ -684,5 +687,34 @@ public class EngineProbe {
       return "BAD " + bad;
     }
     return "OK " + runs + " " + absentLoads + " " + absentPuts + " " + putLoads + " 200 " + presentLoads;
+  }
+
+  // ------------------------------------------------------------------ pinned
+
+  /**
+   * A store of 2,000 keys put over four batches, each spilled into a run, on a budget of {@code limit} bytes.
+   * Answers {@code OK pinnedBytes limit warnedBefore}: what the budget holds beside the heap rows once the runs
+   * are written (their indexes and filters, which no spill gives back), and whether the budget had already said
+   * so (a later {@link MemoryBudget#warnPinned} does not log again).
+   */
+  static String pinned(long limit) throws Exception {
+    MemoryBudget b = new MemoryBudget(limit);
+    Engine e = new Engine(b);
+    Store s = new Store(e, false);
+    Random rnd = new Random(5);
+    for (int batch = 0; batch < 4; batch++) {
+      for (int i = batch * 500; i < (batch + 1) * 500; i++) {
+        s.map.put(s.key("k" + i), value(valueText(rnd, i)));
+      }
+      s.map.endBatch();
+      s.layered().spill();
+    }
+    for (int i = 0; i < 64; i++) {   // puts after the runs: the store looks at the budget every few of them
+      s.map.put(s.key("late" + i), value("x"));
+    }
+    long pinned = b.used() - b.used("rows");
+    boolean warnedBefore = !b.warnPinned("probe");
+    s.map.close();
+    return "OK " + pinned + " " + limit + " " + warnedBefore;
   }
 }

@@ -138,3 +138,18 @@ def test_an_absent_key_reads_no_block(probe):
     # a block of every run: 2,000 loads at the least, so half of that is the bound.
     assert absent_puts >= 1700, f"filters answered ABSENT for only {absent_puts} of 2,000 new keys"
     assert put_loads < 1000, f"settling {2000 - absent_puts} new keys a filter let through read {put_loads} blocks"
+
+
+@pytest.mark.parametrize("limit, warns", [(4096, True), (1 << 30, False)], ids=["small-budget", "large-budget"])
+def test_memory_no_spill_gives_back_filling_the_budget_is_logged(probe, limit, warns):
+    """The runs of 2,000 keys hold indexes and filters that no spill gives back: on a 4 KiB budget they alone
+    fill it, and the store says so (once per JVM, at WARN, naming memoryLimit: docs/monitoring.md, "In the
+    logs") when it next looks at the budget. On a budget they do not fill it says nothing."""
+    pinned, answered_limit, warned = ask(probe, f"pinned {limit}")
+    assert int(answered_limit) == limit
+    if warns:
+        assert int(pinned) > limit, f"the runs pin {pinned} bytes: the workload does not fill the budget"
+        assert warned == "true", "memory no spill gives back filled the budget and nothing was logged"
+    else:
+        assert warned == "false", "a budget with room said it was full"
+

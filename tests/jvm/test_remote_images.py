@@ -122,11 +122,17 @@ def test_a_restore_reads_the_index_from_the_load_and_only_the_blocks_its_lookups
         probe.close()
 
 
-def test_the_background_fill_completes_the_local_copy_and_later_restores_fetch_nothing(endpoint, classes, tmp_path):
-    probe = Probe(classes, tmp_path, "-Dspark_state.imageCachePage=4096", "-Dspark_state.imageFillRange=16384",
-                  "-Dspark_state.imageFillBytes=65536")
+@pytest.mark.parametrize("page, jvm", [
+    (4096, ("-Dspark_state.imageCachePage=4096", "-Dspark_state.imageFillRange=16384",
+            "-Dspark_state.imageFillBytes=65536")),   # many ranges per request, many requests
+    (65536, ()),   # the defaults: the whole image in one range, through the fill's 128 KiB buffer in pieces
+], ids=["small-ranges", "defaults"])
+def test_the_background_fill_completes_the_local_copy_and_later_restores_fetch_nothing(endpoint, classes, tmp_path,
+                                                                                       page, jvm):
+    probe = Probe(classes, tmp_path, *jvm)
     try:
         size = build(probe, "a", tmp_path / "ckpt", 0, s3_root(endpoint))
+        assert size > 2 * (128 << 10), "the image must pass through the fill's buffer in several pieces"
         before = probe.fetched()
         probe.ok("open a 2")
         assert probe.ok("get a 7 8 9") == ["7", "8", "9"]
@@ -135,7 +141,7 @@ def test_the_background_fill_completes_the_local_copy_and_later_restores_fetch_n
         assert copy["present"] == copy["pages"] and copy["users"] == 1, copy
         fetched, requests = probe.fetched()
         # the whole image once (the tail came with the load; a page under a lookup may be fetched twice at most)
-        assert size * 0.9 <= fetched - before[0] <= size + 8 * 4096, (fetched - before[0], size)
+        assert size * 0.9 <= fetched - before[0] <= size + 8 * page, (fetched - before[0], size)
         assert requests - before[1] <= size // 65536 + 16, "the fill asks for many pages at once"
         assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
         probe.ok("release a")

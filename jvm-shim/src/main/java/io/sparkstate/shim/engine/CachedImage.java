@@ -30,6 +30,13 @@ final class CachedImage {
   private static final byte PRESENT = 2;
   /** A read that finds its pages lost again this many times in a row gives up (a file that keeps vanishing). */
   private static final int MAX_ATTEMPTS = 4;
+  /**
+   * A fill thread's buffer between the worker's socket and the file: fetched ranges (8 MiB) pass through it
+   * a piece at a time. A buffer of a whole range is a humongous allocation for G1, each setting off a
+   * collection: the fill of a 106 MiB image took the JVM 0.9 CPU-seconds with them, 0.6-0.8 without
+   * (benchmarks/results/remote-restore/ab-fill-range/).
+   */
+  private static final ThreadLocal<byte[]> CHUNK = ThreadLocal.withInitial(() -> new byte[128 << 10]);
 
   final ImageCache cache;
   final String key;
@@ -397,32 +404,39 @@ final class CachedImage {
       return false;
     }
     long[][] ranges = ranges(mine, ImageCache.RANGE_BYTES);
-    boolean[] written = new boolean[ranges[0].length];
+    long[] kept = new long[ranges[0].length];   // leading bytes of each range written and marked present
     try {
       reader.fetch(ranges[0], ranges[1], in -> {
         DataInputStream data = new DataInputStream(in);
-        byte[] buffer = null;
+        byte[] chunk = CHUNK.get();
         for (int i = 0; i < ranges[0].length; i++) {
-          int n = (int) (ranges[1][i] - ranges[0][i]);
-          if (buffer == null || buffer.length < n) {
-            buffer = new byte[n];
-          }
-          data.readFully(buffer, 0, n);
-          written[i] = write(ranges[0][i], buffer, n);
-          if (written[i]) {
-            present(ranges[0][i], ranges[1][i]);
+          long from = ranges[0][i];
+          long to = ranges[1][i];
+          boolean writing = true;
+          for (long at = from; at < to; ) {
+            int n = (int) Math.min(chunk.length, to - at);
+            data.readFully(chunk, 0, n);
+            writing = writing && write(at, chunk, n);
+            at += n;
+            // whole pages are present as they arrive (a range starts on a page), so a lookup waits for its
+            // page, not for the rest of the range
+            long whole = at == to ? to : from + (at - from) / page * page;
+            if (writing && whole > from + kept[i]) {
+              present(from + kept[i], whole);
+              kept[i] = whole - from;
+            }
           }
         }
       });
     } catch (IOException | RuntimeException e) {
       release(mine);
-      cache.unreserve(this, unwritten(ranges, written));
+      cache.unreserve(this, unkept(ranges, kept));
       if (e instanceof IOException) {
         throw (IOException) e;
       }
       throw new IOException(e.getMessage(), e);
     }
-    long lost = unwritten(ranges, written);
+    long lost = unkept(ranges, kept);
     if (lost > 0) {
       release(mine);
       cache.unreserve(this, lost);
@@ -430,12 +444,10 @@ final class CachedImage {
     return true;
   }
 
-  private long unwritten(long[][] ranges, boolean[] written) {
+  private static long unkept(long[][] ranges, long[] kept) {
     long n = 0;
-    for (int i = 0; i < written.length; i++) {
-      if (!written[i]) {
-        n += ranges[1][i] - ranges[0][i];
-      }
+    for (int i = 0; i < kept.length; i++) {
+      n += ranges[1][i] - ranges[0][i] - kept[i];
     }
     return n;
   }
