@@ -8,7 +8,7 @@
     spark-state savepoint LOCATION [--target DIR]  a self-contained savepoint of a batch
     spark-state restore   SOURCE TARGET [--batch]  a new checkpoint that resumes at a batch
     spark-state rescale   LOCATION N               change the partition count, metadata only
-    spark-state migrate   CHECKPOINT TARGET [--to] a new checkpoint on spark_state or Spark's HDFS provider
+    spark-state migrate   CHECKPOINT TARGET [--to] a new checkpoint on spark_state, Spark's HDFS or RocksDB provider
 
 LOCATION is a path or an fsspec URL (file://, s3://, ...). Every command takes
 ``--json`` (one JSON document on stdout), ``--conf KEY=VALUE`` (the query's
@@ -25,6 +25,7 @@ import sys
 import time
 from typing import Callable
 
+import spark_state
 from spark_state.errors import OptionError
 from spark_state.storage.layout import DEFAULT_STORE
 
@@ -55,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spark-state", description=text.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n\n".join(text.split("\n\n")[1:]))
+    parser.add_argument("--version", action="version", version=f"spark-state (spark_state) {spark_state.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("ls", parents=[common], help="batches, operators, stores, versions and bytes")
@@ -150,6 +152,8 @@ def _show_ls(r: dict) -> None:
     con.print(f"  partitions: {r['num_partitions']}")
     for p in r["problems"]:
         con.print(f"  unreadable: {p['file']}: {p['message']}")
+    if r.get("note"):
+        con.print(f"  note: {r['note']}")
     for op in r["operators"]:
         con.print(f"operator {op['id']} ({op['name']}): stores {', '.join(op['stores'])}")
         if not op.get("partitions"):
@@ -255,7 +259,11 @@ def _run(args) -> tuple[object, Callable[[object], None], int]:
         return _changes(args, options), _show_changes, EXIT_OK
     if args.command == "savepoint":
         from spark_state.lifecycle.savepoint import read_savepoint, savepoint
+        from spark_state.options import PREFIX, settings_from
 
+        if not args.target and not settings_from(options).savepoint_dir:
+            raise OptionError(f"no target directory for the savepoint: pass --target DIR (each savepoint is a new "
+                              f"directory in it) or --conf {PREFIX}savepointDir=DIR.")
         url = savepoint(args.location, args.target, batch=args.batch, options=options, progress=progress)
         meta = read_savepoint(url)
         r = {"savepoint": url, "query_id": meta.query_id, "batch": meta.batch, "files": len(meta.files),

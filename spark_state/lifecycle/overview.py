@@ -64,6 +64,11 @@ def overview(location: str, *, options: Mapping[str, str] | Settings | None = No
         "problems": problems,
     }
     if provider != PROVIDER_CLASS:
+        if last is not None:
+            runs_on = provider or "Spark's HDFS provider"
+            out["note"] = (f"{ckpt.url} is not a spark_state checkpoint: it runs on {runs_on}, whose state "
+                           f"spark-state does not read. `spark-state migrate {ckpt.url} NEW --to spark_state` "
+                           f"writes a new checkpoint NEW that the query resumes from on spark_state.")
         return out
     candidates = [b for b in ckpt.committed_batches if b in partitions
                   and confs[b].get(PROVIDER_CLASS_CONF) == PROVIDER_CLASS]
@@ -137,8 +142,16 @@ def store_report(location: str, operator: int, partition: int, store: str = DEFA
     ckpt = SparkCheckpoint(location, settings_from(options))
     if version is not None and batch is not None:
         raise CheckpointError("give a batch or a version, not both (the state of batch b is version b + 1).")
+    at = ckpt.committed(batch)
+    ckpt.require_spark_state(at)
     if version is None:
-        version = ckpt.committed(batch) + 1
+        version = at + 1
+    elif version - 1 in ckpt.offset_batches:
+        at = version - 1
+    count = ckpt.num_partitions(at)
+    if not 0 <= partition < count:
+        raise CheckpointError(f"partition {partition} does not exist at batch {at} of {ckpt.url}: it has partitions "
+                              f"0..{count - 1}.")
     ops = {op.id: op for op in ckpt.operators}
     if operator not in ops:
         raise CheckpointError(f"{ckpt.url} has no operator {operator}; its operators are {sorted(ops)}.")

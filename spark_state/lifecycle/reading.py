@@ -63,7 +63,9 @@ def read_changes(checkpoint_location: str, operator: int = 0, store_name: str | 
     end = ckpt.committed(end_batch)
     ckpt.require_spark_state(end)
     if not 0 <= start_batch <= end:
-        raise CheckpointError(f"start_batch {start_batch} is not a batch from 0 to end_batch {end} of {ckpt.url}.")
+        raise CheckpointError(f"start batch {start_batch} (start_batch; CLI: --start-batch) is not a batch from 0 to "
+                              f"the end batch {end} (end_batch; CLI: --end-batch, default the latest committed) of "
+                              f"{ckpt.url}.")
     store_name = _store_name(ckpt, operator, store_name)
     tables = []
     for p in _partitions(ckpt, end, partitions):

@@ -47,6 +47,7 @@ from spark_state.format.manifest import FileEntry, Manifest
 from spark_state.keygroups import combine_residues, read_plan
 from spark_state.lifecycle.health import listings, missing_file
 from spark_state.lifecycle.progress import Progress
+from spark_state.lifecycle.savepoint import refuse_savepoint
 from spark_state.options import PREFIX, Settings, settings_from
 from spark_state.spark.checkpoint import SparkCheckpoint
 from spark_state.spark.files import SHUFFLE_PARTITIONS, STATE_PARTITIONS, OperatorMetadata
@@ -94,23 +95,26 @@ def source_manifest(store: VersionedStore, version: int) -> Manifest:
 
 
 def plan_rescale(sources: Mapping[tuple[int, str], Mapping[int, Manifest]], old_n: int, new_n: int, version: int,
-                 query_id: str | None) -> tuple[dict[StoreId, Manifest], dict[tuple[StoreId, int], set[str]]]:
+                 query_id: str | None, progress: Progress = Progress()
+                 ) -> tuple[dict[StoreId, Manifest], dict[tuple[StoreId, int], set[str]]]:
     """Manifests of `version` for every new partition of every (operator, store name) in `sources` (their
     old partitions' manifests), and the reference records to write first: (holder store, referring
     partition) -> the holder's files that partition's manifest names."""
     plans: dict[StoreId, Manifest] = {}
     references: dict[tuple[StoreId, int], set[str]] = {}
-    for (op, name), by_partition in sources.items():
-        if sorted(by_partition) != list(range(old_n)):
-            raise CheckpointError(f"operator {op} store {name}: expected the manifests of partitions 0..{old_n - 1}, "
-                                  f"got {sorted(by_partition)}.")
-        m = next(iter(by_partition.values())).max_parallelism
-        for p in range(new_n):
-            chain = slice_chain(by_partition, old_n, new_n, p)
-            plans[StoreId(op, p, name)] = Manifest(version, m, chain, rows=None, query_id=query_id)
-            for entry in chain:
-                if entry.partition is not None:
-                    references.setdefault((StoreId(op, entry.partition, name), p), set()).add(entry.path)
+    with progress.task(f"planning {len(sources) * new_n} stores", len(sources) * new_n) as task:
+        for (op, name), by_partition in sources.items():
+            if sorted(by_partition) != list(range(old_n)):
+                raise CheckpointError(f"operator {op} store {name}: expected the manifests of partitions "
+                                      f"0..{old_n - 1}, got {sorted(by_partition)}.")
+            m = next(iter(by_partition.values())).max_parallelism
+            for p in range(new_n):
+                chain = slice_chain(by_partition, old_n, new_n, p)
+                plans[StoreId(op, p, name)] = Manifest(version, m, chain, rows=None, query_id=query_id)
+                for entry in chain:
+                    if entry.partition is not None:
+                        references.setdefault((StoreId(op, entry.partition, name), p), set()).add(entry.path)
+                task.advance()
     return plans, references
 
 
@@ -141,7 +145,9 @@ def _check_stopped(ckpt: SparkCheckpoint, new_n: int) -> tuple[int, bool]:
         elif unfinished:
             raise CheckpointError(
                 f"batch {last} of {ckpt.url} is an unfinished rescale to {ckpt.num_partitions(last)} partitions; "
-                f"run the rescale to {ckpt.num_partitions(last)} again to finish it, then rescale to {new_n}.")
+                f"run the rescale to {ckpt.num_partitions(last)} again to finish it, then rescale to {new_n}; or go "
+                f"back to the state before it: spark-state restore {ckpt.url} NEW --batch {committed} (a new "
+                f"checkpoint with {ckpt.num_partitions(committed)} partitions), then rescale NEW to {new_n}.")
         else:
             raise CheckpointError(
                 f"batch {last} of {ckpt.url} started but did not commit (last committed: {committed}): the query "
@@ -167,6 +173,7 @@ def rescale(checkpoint_location: str, num_partitions: int, *, options: Mapping[s
             f"{PREFIX}storage={settings.storage}: memory storage keeps state in the worker process, so a stopped "
             f"query's state cannot be rescaled (it is gone with the worker). Use storage=filesystem.")
     ckpt = SparkCheckpoint(checkpoint_location, settings)
+    refuse_savepoint(ckpt.dir, "rescale")
     committed, resume = _check_stopped(ckpt, num_partitions)
     ckpt.require_spark_state(committed)
     ckpt.require_format_v1(committed, "rescale")
@@ -210,7 +217,12 @@ def rescale(checkpoint_location: str, num_partitions: int, *, options: Mapping[s
         if len(ms) != 1:
             raise CheckpointError(f"operator {op} store {name}: its partitions record different max parallelisms "
                                   f"{sorted(ms)}; the checkpoint is inconsistent.")
-    plans, references = plan_rescale(sources, old_n, num_partitions, version, ckpt.query_id)
+        if num_partitions > min(ms):
+            raise CheckpointError(
+                f"{num_partitions} partitions exceed maxParallelism {min(ms)}, the number of key groups this "
+                f"checkpoint's state is divided into ({PREFIX}maxParallelism, fixed for the life of a checkpoint): "
+                f"a partition would own no key group. Rescale to at most {min(ms)} partitions. Nothing was written.")
+    plans, references = plan_rescale(sources, old_n, num_partitions, version, ckpt.query_id, progress)
     for sid in sorted(set(plans) - set(old_stores)):
         # A partition beyond the old count may hold versions of an earlier, larger count: only older ones.
         newer = [v for v in ckpt.versions(sid) if v > committed + 1 and not (resume and v == version)]

@@ -119,6 +119,14 @@ def is_savepoint(location: Dir) -> bool:
         return False
 
 
+def refuse_savepoint(location: Dir, command: str) -> None:
+    """A clear refusal when `command` would write into savepoint `location`: a savepoint stays as it was written
+    (its _metadata records every file's size and checksum); the command runs on a restored copy NEW."""
+    if is_savepoint(location):
+        raise CheckpointError(f"{location.url} is a savepoint, which stays as it was written: restore it first "
+                              f"(spark-state restore {location.url} NEW) and {command} NEW. Nothing was written.")
+
+
 def read_savepoint(location: str | Dir) -> SavepointMetadata:
     """The listing of a finished savepoint; a clear error for an unfinished one or another directory."""
     sp = location if isinstance(location, Dir) else Dir(location)
@@ -146,7 +154,7 @@ def _default_target(settings: Settings) -> str:
         if value:
             return value
     raise CheckpointError(
-        f"no target directory for the savepoint: pass target_directory (CLI: --target DIR) or set "
+        f"no target directory for the savepoint: pass target_directory or set "
         f"{PREFIX}savepointDir (configure(savepoint_dir=...))."
     )
 
@@ -165,6 +173,9 @@ def savepoint(checkpoint_location: str, target_directory: str | None = None, *, 
     ckpt = SparkCheckpoint(checkpoint_location, settings)
     cut = checkpoint_cut(ckpt, batch, progress)
     target = Dir(as_url(target_directory or _default_target(settings)))
+    if is_savepoint(target):
+        raise CheckpointError(f"{target.url} is a savepoint, which stays as it was written: give a target "
+                              f"directory outside it (each savepoint is a new directory in the target).")
     if target.exists() and target.fs.isfile(target.full()):
         raise CheckpointError(f"the savepoint target {target.url} is a file; give a directory (new or not: each "
                               f"savepoint is a new directory in it).")
@@ -189,4 +200,4 @@ def _files(copied: list[Copied]) -> list[SavepointFile]:
     return sorted((SavepointFile(c.rel, c.size, c.checksum) for c in copied), key=lambda f: f.path)
 
 
-__all__ = ["SavepointMetadata", "StoreId", "read_savepoint", "savepoint", "is_savepoint"]
+__all__ = ["SavepointMetadata", "StoreId", "read_savepoint", "savepoint", "is_savepoint", "refuse_savepoint"]

@@ -125,10 +125,17 @@ def validate(location: str, *, batch: int | None = None, options: Mapping[str, s
     required: dict[StoreId, int] = {}
     if at is not None:
         try:
-            ckpt.require_spark_state(at)
+            ckpt.provider(at)
+        except SparkStateError:
+            pass   # a damaged offset log entry: a problem found below
+        else:
+            ckpt.require_spark_state(at)   # another provider's state: validate cannot run (exit 2, not 1)
+        try:
             required = {sid: at + 1 for sid in ckpt.stores(at)}
         except SparkStateError as err:
-            report.problems.append(Problem(ckpt.dir.url_of(f"offsets/{at}"), str(err)))
+            url = ckpt.dir.url_of(f"offsets/{at}")
+            if not any(p.file == url for p in report.problems):   # _validate_logs named it already
+                report.problems.append(Problem(url, str(err)))
     seen: dict[tuple[str, str], bool] = {}   # (root, path) -> whether it checked fine
     bad: set[tuple[StoreId, int]] = set()      # store versions a problem affects
     stores = _stores(ckpt, batch)

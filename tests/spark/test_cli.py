@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow.dataset as ds
 import pytest
 
+import spark_state
 from spark_state.keygroups import key_groups_of, partitions_of
 from tests.support import s3_server
 from tests.support.lifecycle import cli, cli_json
@@ -34,6 +35,8 @@ def test_console_script_and_module_run_the_same_main():
     done = cli("--help")
     for command in ("ls", "inspect", "validate", "export", "savepoint", "restore", "rescale"):
         assert command in done.stdout
+    assert "spark_state, Spark's HDFS or RocksDB provider" in done.stdout   # migrate --to rocksdb too
+    assert cli("--version").stdout.strip() == f"spark-state (spark_state) {spark_state.__version__}"
 
 
 def test_ls_lists_batches_operators_stores_versions_and_bytes(finished):
@@ -89,6 +92,9 @@ def test_validate_passes_then_names_each_broken_file(finished, tmp_path):
         assert line is not None and why in line, f"{broken.name} not named with '{why}':\n{done.stderr}"
     code, out = cli_json("validate", ckpt, check=False)
     assert code == 1 and not out["ok"] and len(out["problems"]) == 4
+    (ckpt / "offsets" / "4").write_text("v1\n{not json")   # the latest batch's: named once, not twice
+    code, out = cli_json("validate", ckpt, check=False)
+    assert code == 1 and [p["file"] for p in out["problems"]].count(f"file://{ckpt}/offsets/4") == 1, out
 
 
 def test_export_writes_the_state_of_a_batch_as_parquet(spark, finished, tmp_path):
@@ -121,9 +127,14 @@ def test_savepoint_and_restore_commands_resume_the_query(finished, tmp_path):
     (["restore", "{ckpt}", "{ckpt}/offsets"], "refusing to restore into"),
     (["inspect", "{ckpt}", "-o", "3", "-p", "0"], "has no operator 3; its operators are [0]"),
     (["inspect", "{ckpt}", "-o", "0", "-p", "0", "--version", "9"], "has no version 9; versions present: 1-5"),
+    (["inspect", "{ckpt}", "-o", "0", "-p", "9"], "partition 9 does not exist at batch 4 of file://"),
+    (["inspect", "{ckpt}", "-o", "0", "-p", "-1"], "partition -1 does not exist at batch 4"),
+    (["inspect", "{ckpt}", "-o", "0", "-p", "9"], "it has partitions 0..1"),
     (["ls", "{ckpt}", "--conf", "checkpointRoot"], "is not KEY=VALUE"),
     (["ls", "{ckpt}", "--conf", "snapshotIntervall=3"], "unknown option"),
-    (["savepoint", "{ckpt}"], "savepointDir"),
+    (["savepoint", "{ckpt}"], "pass --target DIR (each savepoint is a new directory in it) or --conf "),
+    (["changes", "{ckpt}", "--start-batch", "-3"], "start batch -3 (start_batch; CLI: --start-batch) is not a batch"),
+    (["changes", "{ckpt}", "--start-batch", "3", "--end-batch", "1"], "CLI: --end-batch"),
     (["rescale", "{ckpt}", "0"], "must be at least 1"),
 ])
 def test_errors_say_what_to_do_and_exit_2(finished, tmp_path, args, says):
@@ -177,3 +188,46 @@ def test_changes_writes_parquet_prints_json_and_matches_read_changes(finished, t
     done = cli("changes", finished.checkpoint, tmp_path / "changes.parquet", check=False)
     assert done.returncode == 2 and "refusing to overwrite" in done.stderr
     assert "update" in cli("changes", finished.checkpoint, "--end-batch", "1").stdout
+
+
+def _listing(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_a_savepoint_stays_as_it_was_written(finished, tmp_path):
+    """rescale of a savepoint (and a savepoint into one) is refused, with the way that works, writing nothing; the
+    commands that only read it (a savepoint of it included) leave it as written, and it still validates."""
+    sp = cli_json("savepoint", finished.checkpoint, "--target", tmp_path / "sps")[1]["savepoint"]
+    where = Path(sp.removeprefix("file://"))
+    before = _listing(where)
+    for args in (["rescale", sp, "3"], ["savepoint", finished.checkpoint, "--target", sp]):
+        done = cli(*args, check=False)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert f"{sp} is a savepoint, which stays as it was written: " in done.stderr, done.stderr
+        assert _listing(where) == before
+    assert f"restore it first (spark-state restore {sp} NEW) and rescale NEW" in cli("rescale", sp, "3",
+                                                                                       check=False).stderr
+    for args in (["ls", sp], ["validate", sp], ["inspect", sp, "-o", "0", "-p", "1"], ["export", sp, tmp_path / "x"],
+                 ["changes", sp], ["savepoint", sp, "--target", tmp_path / "sps2"],
+                 ["migrate", sp, tmp_path / "on-hdfs", "--to", "hdfs"]):
+        cli(*args)
+    assert _listing(where) == before
+    assert cli_json("validate", sp)[1]["ok"]
+    cli("restore", sp, tmp_path / "restored")
+    assert cli_json("validate", tmp_path / "restored")[1]["ok"]
+
+
+def test_a_checkpoint_of_spark_s_provider_is_named_as_not_spark_state_s(spark, finished, tmp_path):
+    """ls notes it and points to migrate; validate and inspect cannot run on it (exit 2), one line each."""
+    from tests.support.spark import Query
+
+    hdfs = Query(spark, finished.query.build, tmp_path / "hdfs", mode="update", provider="hdfs")
+    hdfs.run()
+    done = cli("ls", hdfs.checkpoint)
+    assert "is not a spark_state checkpoint" in done.stdout and \
+        f"spark-state migrate file://{hdfs.checkpoint} NEW --to spark_state" in done.stdout, done.stdout
+    assert "not a spark_state checkpoint" in cli_json("ls", hdfs.checkpoint)[1]["note"]
+    for args in (["validate", hdfs.checkpoint], ["inspect", hdfs.checkpoint, "-o", "0", "-p", "0"]):
+        done = cli(*args, check=False)
+        assert done.returncode == 2 and "is not a spark_state checkpoint" in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr

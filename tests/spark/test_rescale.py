@@ -189,6 +189,45 @@ def test_bad_counts_are_refused_and_nothing_is_written(finished, tmp_path, count
     assert _listing(ckpt) == before
 
 
+def test_more_partitions_than_key_groups_are_refused_up_front(finished, tmp_path):
+    """A partition count above maxParallelism (100800 here) would leave partitions without a key group: refused
+    at once (it used to plan for an hour), naming the option, and nothing is written."""
+    ckpt = finished.copy(tmp_path / "ckpt")
+    before = _listing(ckpt)
+    done = cli("rescale", ckpt, "200000", check=False, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "200000 partitions exceed maxParallelism 100800" in done.stderr, done.stderr
+    assert _listing(ckpt) == before
+    assert cli_json("ls", ckpt)[1]["num_partitions"] == 2
+
+
+def test_every_phase_of_a_rescale_shows_progress(finished, tmp_path):
+    """Reading, planning (its cost grows with the count) and writing each report progress, one unit per store."""
+    from contextlib import contextmanager
+
+    from spark_state.lifecycle.progress import Progress, Task
+
+    class Recorded(Progress):
+        def __init__(self):
+            self.tasks = []
+
+        @contextmanager
+        def task(self, description, total):
+            done = self.tasks.append([description, total, 0]) or self.tasks[-1]
+
+            class Counting(Task):
+                def advance(self, amount=1):
+                    done[2] += amount
+            yield Counting()
+
+    ckpt = finished.copy(tmp_path / "ckpt")
+    progress = Recorded()
+    rescale(str(ckpt), 5, progress=progress)
+    assert [d.split()[0] for d, _, _ in progress.tasks] == ["reading", "planning", "writing"]
+    assert all(total == count for _, total, count in progress.tasks), progress.tasks
+    assert progress.tasks[1][1] == 5
+
+
 def test_a_checkpoint_of_another_provider_or_none_at_all_is_refused(spark, finished, tmp_path):
     hdfs = Query(spark, finished.query.build, tmp_path / "hdfs", mode="update", provider="hdfs")
     hdfs.run()
@@ -248,6 +287,9 @@ def test_an_interrupted_rescale_is_finished_by_running_it_again(finished, tmp_pa
     rescale(str(ckpt), 4)
     (ckpt / "commits" / "2").unlink()   # the rescale's last write never happened
     with pytest.raises(CheckpointError, match="unfinished rescale to 4 partitions; run the rescale to 4 again"):
+        rescale(str(ckpt), 5)
+    with pytest.raises(CheckpointError, match=f"or go back to the state before it: spark-state restore file://{ckpt} "
+                                              f"NEW --batch 1"):
         rescale(str(ckpt), 5)
     again = rescale(str(ckpt), 4)
     assert again.batch == 2 and (ckpt / "commits" / "2").exists()
