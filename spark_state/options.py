@@ -222,9 +222,9 @@ DESCRIPTIONS = {
                              "the executor's local cache in the background; false: it downloads the whole image "
                              "before the first get. Local and NFS checkpoints are read in place either way. "
                              "Default false: range reads win only for large images (at 10M keys per partition the "
-                             "first get comes in 0.3-0.5x the time, a batch touching most blocks costs about "
-                             "1.1x; at 1M keys a download is faster): docs/large-state.md, \"Restores on object "
-                             "storage\"."),
+                             "first get comes in 0.1-0.4x the time, a batch touching most blocks costs about "
+                             "the same; at 1M keys a download is faster): docs/large-state.md, \"Restores on "
+                             "object storage\"."),
     "rowImages.cacheSize": ("Local disk an executor may use for the blocks of remote row images, all its stores "
                             "together (under spark.local.dir; least recently used images are evicted), e.g. 20g. "
                             "Default: half of the free space of that disk when the executor first needs it."),

@@ -693,8 +693,8 @@ public class EngineProbe {
 
   /**
    * A store of 2,000 keys put over four batches, each spilled into a run, on a budget of {@code limit} bytes.
-   * Answers {@code OK pinnedBytes limit warnedBefore}: what the budget holds beside the heap rows once the runs
-   * are written (their indexes and filters, which no spill gives back), and whether the budget had already said
+   * Answers {@code OK pinnedBytes limit warnedBefore}: what the runs' indexes and filters hold once the runs are
+   * written (no spill gives it back), and whether the budget had already said
    * so (a later {@link MemoryBudget#warnPinned} does not log again).
    */
   static String pinned(long limit) throws Exception {
@@ -712,7 +712,7 @@ public class EngineProbe {
     for (int i = 0; i < 64; i++) {   // puts after the runs: the store looks at the budget every few of them
       s.map.put(s.key("late" + i), value("x"));
     }
-    long pinned = b.used() - b.used("rows");
+    long pinned = b.used("runs");
     boolean warnedBefore = !b.warnPinned("probe");
     s.map.close();
     return "OK " + pinned + " " + limit + " " + warnedBefore;

@@ -31,12 +31,13 @@ final class CachedImage {
   /** A read that finds its pages lost again this many times in a row gives up (a file that keeps vanishing). */
   private static final int MAX_ATTEMPTS = 4;
   /**
-   * A fill thread's buffer between the worker's socket and the file: fetched ranges (8 MiB) pass through it
-   * a piece at a time. A buffer of a whole range is a humongous allocation for G1, each setting off a
-   * collection: the fill of a 106 MiB image took the JVM 0.9 CPU-seconds with them, 0.6-0.8 without
-   * (benchmarks/results/remote-restore/ab-fill-range/).
+   * Bytes of the buffer a fetch passes its ranges (8 MiB) through on their way into the file. A buffer of a
+   * whole range is a humongous allocation for G1, each setting off a collection: the fill of a 106 MiB image
+   * took the JVM 0.9 CPU-seconds with them, 0.6-0.8 without (benchmarks/results/remote-restore/ab-fill-range/).
+   * Below half a G1 region (512 KiB at the least), so not humongous; allocated per fetch, as lookups fetch
+   * too and a buffer kept per thread would stay with every task thread of the executor.
    */
-  private static final ThreadLocal<byte[]> CHUNK = ThreadLocal.withInitial(() -> new byte[128 << 10]);
+  private static final int CHUNK_BYTES = 128 << 10;
 
   final ImageCache cache;
   final String key;
@@ -408,7 +409,7 @@ final class CachedImage {
     try {
       reader.fetch(ranges[0], ranges[1], in -> {
         DataInputStream data = new DataInputStream(in);
-        byte[] chunk = CHUNK.get();
+        byte[] chunk = new byte[CHUNK_BYTES];
         for (int i = 0; i < ranges[0].length; i++) {
           long from = ranges[0][i];
           long to = ranges[1][i];

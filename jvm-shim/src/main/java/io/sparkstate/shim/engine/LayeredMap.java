@@ -630,9 +630,8 @@ final class LayeredMap implements StateMap {
       return;
     }
     engine.cache().trim();
-    if (budget.used() - budget.used("rows") > budget.limit()) {   // spilling every row would not bring it under
-      budget.warnPinned("the indexes and filters of runs and row images, change logs and buffers (memory no "
-          + "spill gives back)");
+    if (budget.used("runs") > budget.limit()) {   // spilling every row would not bring it under (buffers aside)
+      budget.warnPinned("the indexes and filters of runs and row images (memory no spill gives back)");
     }
     long floor = Math.max(failedSpillBytes * 2, Math.min(MIN_SPILL_BYTES, budget.limit() / 64));
     if (!scans.isEmpty() || mine < floor || !budget.overLimit()) {

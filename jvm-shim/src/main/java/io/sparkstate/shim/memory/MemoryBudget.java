@@ -4,6 +4,7 @@ import java.lang.ref.Cleaner;
 import java.util.Map;
 import java.util.TreeMap;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicLong;
 
 import org.apache.spark.SparkConf;
@@ -38,7 +39,7 @@ public final class MemoryBudget {
   private volatile boolean defaulted;
   private final AtomicLong used = new AtomicLong();
   private final Map<String, AtomicLong> byKind = new ConcurrentHashMap<>();
-  private volatile boolean warned;
+  private final AtomicBoolean warned = new AtomicBoolean();
 
   /** A budget of {@code limit} bytes (negative: the default, computed when first asked). */
   public MemoryBudget(long limit) {
@@ -172,10 +173,9 @@ public final class MemoryBudget {
    * budget, naming the option to raise. Returns whether this call logged.
    */
   public boolean warnPinned(String what) {
-    if (warned) {
+    if (!warned.compareAndSet(false, true)) {
       return false;
     }
-    warned = true;
     LOG.warn("spark_state: {} fill the state memory budget ({} of {} in use: {}); state rows spill at "
         + "every check. Raise spark.sql.streaming.stateStore.sparkState.memoryLimit or the executor memory.",
         what, size(used()), size(limit()), describeUse());
