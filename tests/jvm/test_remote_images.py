@@ -251,6 +251,23 @@ def test_a_copy_that_vanished_or_was_damaged_is_fetched_again_and_answers_right(
         probe.close()
 
 
+def test_a_fill_that_outlives_its_copy_marks_nothing_in_the_next_one(classes, tmp_path):
+    """A fill under way when its image goes idle, the file vanishes and a store opens the image again: the pages
+    it wrote to the vanished file are not present in the new one, and the cache charges only pages present
+    (tests/jvm/CachedImageRaceProbe.java plays the race in a fixed order)."""
+    cmd = probe_command("CachedImageRaceProbe.java", "io.sparkstate.shim.engine.CachedImageRaceProbe", classes,
+                        f"-Djava.io.tmpdir={tmp_path}", "-Dspark_state.imageCachePage=262144",
+                        "-Dspark_state.imageFillStreams=0")
+    probe = ProbeProcess(cmd)
+    try:
+        reply = probe.read()
+        assert reply.startswith("OK"), reply
+        present, reserved = map(int, reply.split()[1:])
+        assert present == 4 and reserved == 4 * 262144, reply
+    finally:
+        probe.close()
+
+
 def test_the_cache_is_bounded_and_evicts_the_least_recently_used_idle_copy(endpoint, classes, tmp_path):
     root = s3_root(endpoint)
     probe = Probe(classes, tmp_path, "-Dspark_state.imageCachePage=4096")

@@ -49,6 +49,12 @@ final class CachedImage {
   private final int pages;
   /** Guarded by this. */
   private final byte[] state;
+  /**
+   * Guarded by this: bumped each time the page states are reset (the file vanished while the image was idle, or
+   * the image was dropped). A fetch claimed its pages under one generation; under a later one they are not its
+   * own any more, so it marks and releases none of them and writes nothing more.
+   */
+  private int generation;
   /** Guarded by this: pages the background fill looks at first (after the last page a lookup fetched). */
   private int hint;
   /** Guarded by this: fill loops running. */
@@ -85,6 +91,7 @@ final class CachedImage {
     synchronized (this) {
       boolean intact = Files.isRegularFile(file) && Files.size(file) == size;
       if (!intact) {
+        generation++;
         for (int p = 0; p < pages; p++) {
           if (state[p] == PRESENT) {
             lost += pageEnd(p) - pageStart(p);
@@ -124,6 +131,7 @@ final class CachedImage {
 
   /** Drops every page and deletes the file (eviction, with the cache's lock held). */
   synchronized void drop() {
+    generation++;
     Arrays.fill(state, MISSING);
     closeFile();
     try {
@@ -175,14 +183,14 @@ final class CachedImage {
     int p1 = pageOf(position + length - 1);
     Map<Integer, byte[]> loose = new HashMap<>();
     for (int attempt = 1; ; attempt++) {
-      int[] mine;
+      Claim mine;
       synchronized (this) {
         mine = claim(p0, p1, loose);
-        if (mine.length > 0) {
+        if (!mine.isEmpty()) {
           hint = p1 + 1 < pages ? p1 + 1 : 0;
         }
       }
-      if (mine.length > 0) {
+      if (!mine.isEmpty()) {
         fetch(mine, reader, loose);
       }
       if (awaitPages(p0, p1, loose) && copyOut(position, out, p0, p1, loose)) {
@@ -195,7 +203,7 @@ final class CachedImage {
   }
 
   /** Marks the missing pages of [p0, p1] not already held in {@code loose} as being fetched by the caller. */
-  private int[] claim(int p0, int p1, Map<Integer, byte[]> loose) {
+  private Claim claim(int p0, int p1, Map<Integer, byte[]> loose) {
     int[] mine = new int[p1 - p0 + 1];
     int n = 0;
     for (int p = p0; p <= p1; p++) {
@@ -204,7 +212,7 @@ final class CachedImage {
         mine[n++] = p;
       }
     }
-    return Arrays.copyOf(mine, n);
+    return new Claim(Arrays.copyOf(mine, n), generation);
   }
 
   /**
@@ -341,20 +349,21 @@ final class CachedImage {
 
   /** Claims the missing ones of these pages and fetches them into the copy; false when the cache had no room. */
   private boolean prefetchPages(int[] wanted, int n, RangeReader reader) throws IOException {
-    int[] mine = new int[n];
+    int[] pages = new int[n];
     int m = 0;
+    Claim mine;
     synchronized (this) {
       for (int i = 0; i < n; i++) {
         if (state[wanted[i]] == MISSING) {
           state[wanted[i]] = FETCHING;
-          mine[m++] = wanted[i];
+          pages[m++] = wanted[i];
         }
       }
+      mine = new Claim(Arrays.copyOf(pages, m), generation);
     }
-    if (m == 0) {
+    if (mine.isEmpty()) {
       return true;
     }
-    mine = Arrays.copyOf(mine, m);
     if (!fetchCached(mine, reader)) {
       release(mine);
       return false;
@@ -368,11 +377,11 @@ final class CachedImage {
    * Fetches pages the caller claimed: into the file when the cache has room (present), else into
    * {@code loose} (missing again for everyone else). On failure every claimed page is missing again.
    */
-  private void fetch(int[] mine, RangeReader reader, Map<Integer, byte[]> loose) throws IOException {
+  private void fetch(Claim mine, RangeReader reader, Map<Integer, byte[]> loose) throws IOException {
     if (fetchCached(mine, reader)) {
       return;
     }
-    long[][] ranges = ranges(mine, Integer.MAX_VALUE);
+    long[][] ranges = ranges(mine.pages, Integer.MAX_VALUE);
     try {
       reader.fetch(ranges[0], ranges[1], in -> {
         DataInputStream data = new DataInputStream(in);
@@ -393,19 +402,23 @@ final class CachedImage {
 
   /**
    * Fetches claimed pages into the file if the cache has room for them: true when they are present (or
-   * missing again after a failed write to local disk: the caller reads them another way), false when there
-   * was no room (the pages stay claimed). A failed fetch releases them and throws.
+   * missing again after a failed write to local disk, or after the file was found lost meanwhile: the caller
+   * reads them another way), false when there was no room (the pages stay claimed). A failed fetch releases
+   * them and throws.
    */
-  boolean fetchCached(int[] mine, RangeReader reader) throws IOException {
+  private boolean fetchCached(Claim mine, RangeReader reader) throws IOException {
     long bytes = 0;
-    for (int p : mine) {
+    for (int p : mine.pages) {
       bytes += pageEnd(p) - pageStart(p);
     }
     if (!cache.reserve(this, bytes)) {
       return false;
     }
-    long[][] ranges = ranges(mine, ImageCache.RANGE_BYTES);
+    long[][] ranges = ranges(mine.pages, ImageCache.RANGE_BYTES);
     long[] kept = new long[ranges[0].length];   // leading bytes of each range written and marked present
+    // false once a write failed or the page states were reset: the claim is released then, at once, so that
+    // lookups waiting for its pages fetch them themselves instead of waiting for the rest of this request
+    boolean[] writing = {true};
     try {
       reader.fetch(ranges[0], ranges[1], in -> {
         DataInputStream data = new DataInputStream(in);
@@ -413,24 +426,31 @@ final class CachedImage {
         for (int i = 0; i < ranges[0].length; i++) {
           long from = ranges[0][i];
           long to = ranges[1][i];
-          boolean writing = true;
           for (long at = from; at < to; ) {
             int n = (int) Math.min(chunk.length, to - at);
             data.readFully(chunk, 0, n);
-            writing = writing && write(at, chunk, n);
+            if (writing[0] && !write(at, chunk, n, mine.generation)) {
+              writing[0] = false;
+              release(mine);
+            }
             at += n;
             // whole pages are present as they arrive (a range starts on a page), so a lookup waits for its
             // page, not for the rest of the range
             long whole = at == to ? to : from + (at - from) / page * page;
-            if (writing && whole > from + kept[i]) {
-              present(from + kept[i], whole);
-              kept[i] = whole - from;
+            if (writing[0] && whole > from + kept[i]) {
+              if (present(from + kept[i], whole, mine.generation)) {
+                kept[i] = whole - from;
+              } else {
+                writing[0] = false;   // the pages are not this fetch's any more: nothing to release
+              }
             }
           }
         }
       });
     } catch (IOException | RuntimeException e) {
-      release(mine);
+      if (writing[0]) {
+        release(mine);
+      }
       cache.unreserve(this, unkept(ranges, kept));
       if (e instanceof IOException) {
         throw (IOException) e;
@@ -439,7 +459,9 @@ final class CachedImage {
     }
     long lost = unkept(ranges, kept);
     if (lost > 0) {
-      release(mine);
+      if (writing[0]) {
+        release(mine);
+      }
       cache.unreserve(this, lost);
     }
     return true;
@@ -455,12 +477,13 @@ final class CachedImage {
 
   /**
    * Writes fetched bytes into the file; false when the file was closed meanwhile (the last store reading the
-   * image let it go: a fill that was under way) or local disk refuses them (logged once by the cache).
+   * image let it go: a fill that was under way), the page states were reset since the pages were claimed (a
+   * later file), or local disk refuses the bytes (logged once by the cache).
    */
-  private boolean write(long position, byte[] bytes, int n) {
+  private boolean write(long position, byte[] bytes, int n, int claimed) {
     RandomAccessFile f;
     synchronized (this) {
-      f = raf;
+      f = generation == claimed ? raf : null;
     }
     if (f == null) {
       return false;
@@ -483,21 +506,33 @@ final class CachedImage {
     }
   }
 
-  /** Pages fully inside [from, to) are present now (their bytes are in the file). */
-  private synchronized void present(long from, long to) {
+  /**
+   * Pages fully inside [from, to) are present now (their bytes are in the file); false, marking none, when the
+   * page states were reset since they were claimed (the bytes may have gone to a file that is gone).
+   */
+  private synchronized boolean present(long from, long to, int claimed) {
+    if (generation != claimed) {
+      return false;
+    }
     for (int p = pageOf(from); p <= pageOf(to - 1); p++) {
       if (state[p] == FETCHING) {
         state[p] = PRESENT;
       }
     }
     notifyAll();
+    return true;
   }
 
-  /** Claimed pages that are not present go back to missing (a failed or uncached fetch). */
-  private synchronized void release(int[] mine) {
-    for (int p : mine) {
-      if (state[p] == FETCHING) {
-        state[p] = MISSING;
+  /**
+   * Claimed pages that are not present go back to missing (a failed or uncached fetch); none after a reset:
+   * another thread may have claimed them since. Called once per claim.
+   */
+  private synchronized void release(Claim mine) {
+    if (generation == mine.generation) {
+      for (int p : mine.pages) {
+        if (state[p] == FETCHING) {
+          state[p] = MISSING;
+        }
       }
     }
     notifyAll();
@@ -545,15 +580,15 @@ final class CachedImage {
    * nothing left to fetch or no room for it.
    */
   boolean fillStep(RangeReader reader) throws IOException {
-    int[] mine;
+    Claim mine;
     synchronized (this) {
       mine = claimFrom(hint, (int) Math.max(1, ImageCache.FILL_BYTES / page));
-      if (mine.length > 0) {
-        int next = mine[mine.length - 1] + 1;
+      if (!mine.isEmpty()) {
+        int next = mine.pages[mine.pages.length - 1] + 1;
         hint = next < pages ? next : 0;
       }
     }
-    if (mine.length == 0) {
+    if (mine.isEmpty()) {
       return false;
     }
     if (!fetchCached(mine, reader)) {
@@ -567,7 +602,7 @@ final class CachedImage {
    * Claims up to {@code max} missing pages in file order from {@code from} on, wrapping around at the end (runs
    * of them become the ranges of one request).
    */
-  private int[] claimFrom(int from, int max) {
+  private Claim claimFrom(int from, int max) {
     int[] mine = new int[Math.min(max, pages)];
     int n = 0;
     for (int k = 0; k < pages && n < mine.length; k++) {
@@ -577,7 +612,7 @@ final class CachedImage {
         mine[n++] = p;
       }
     }
-    return Arrays.copyOf(mine, n);
+    return new Claim(Arrays.copyOf(mine, n), generation);
   }
 
   private int presentCount() {
@@ -591,5 +626,20 @@ final class CachedImage {
   /** Pages present, and pages in all (tests, metrics). */
   synchronized int[] pageCounts() {
     return new int[] {presentCount(), pages};
+  }
+
+  /** Pages a thread claimed for fetching (sorted), with the generation of the page states it claimed them in. */
+  private static final class Claim {
+    final int[] pages;
+    final int generation;
+
+    Claim(int[] pages, int generation) {
+      this.pages = pages;
+      this.generation = generation;
+    }
+
+    boolean isEmpty() {
+      return pages.length == 0;
+    }
   }
 }

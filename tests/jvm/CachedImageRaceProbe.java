@@ -1,0 +1,235 @@
+package io.sparkstate.shim.engine;
+
+import java.io.IOException;
+import java.io.InputStream;
+import java.nio.file.Files;
+import java.util.ArrayDeque;
+import java.util.Arrays;
+import java.util.Random;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+
+/**
+ * One race of the executor's cache of remote images, played in a fixed order with a reader that holds its
+ * requests where the test says (tests/jvm/test_remote_images.py): a background fill still under way when its
+ * image goes idle, the copy's file vanishes, and a store opens the image again; a lookup then claims a page the
+ * fill had half written into the vanished file. Run with {@code -Dspark_state.imageCachePage=262144} (a page is
+ * two of the fill's 128 KiB writes) and {@code -Dspark_state.imageFillStreams=0}. Prints "OK" or "BAD why".
+ */
+public class CachedImageRaceProbe {
+  /** Serves an in-memory image; a request may be held once after a given number of its bytes. */
+  static final class HeldReader implements RangeReader {
+    final byte[] image;
+    private final ArrayDeque<Hold> holds = new ArrayDeque<>();
+
+    HeldReader(byte[] image) {
+      this.image = image;
+    }
+
+    /** The next request stops after {@code bytes} of its bytes until {@link Hold#resume}. */
+    synchronized Hold holdNext(long bytes) {
+      Hold h = new Hold(bytes);
+      holds.add(h);
+      return h;
+    }
+
+    @Override
+    public void fetch(long[] from, long[] to, Body body) throws IOException {
+      Hold hold;
+      synchronized (this) {
+        hold = holds.poll();
+      }
+      int n = 0;
+      for (int i = 0; i < from.length; i++) {
+        n += (int) (to[i] - from[i]);
+      }
+      byte[] bytes = new byte[n];
+      int at = 0;
+      for (int i = 0; i < from.length; i++) {
+        System.arraycopy(image, (int) from[i], bytes, at, (int) (to[i] - from[i]));
+        at += (int) (to[i] - from[i]);
+      }
+      body.read(new HeldStream(bytes, hold));
+    }
+  }
+
+  static final class Hold {
+    final long after;
+    final CountDownLatch reached = new CountDownLatch(1);
+    final CountDownLatch resumed = new CountDownLatch(1);
+
+    Hold(long after) {
+      this.after = after;
+    }
+
+    void awaitReached() throws InterruptedException {
+      if (!reached.await(30, TimeUnit.SECONDS)) {
+        throw new IllegalStateException("a held request never reached its hold");
+      }
+    }
+
+    void resume() {
+      resumed.countDown();
+    }
+  }
+
+  static final class HeldStream extends InputStream {
+    private final byte[] bytes;
+    private final Hold hold;
+    private int at;
+
+    HeldStream(byte[] bytes, Hold hold) {
+      this.bytes = bytes;
+      this.hold = hold;
+    }
+
+    @Override
+    public int read() throws IOException {
+      byte[] one = new byte[1];
+      return read(one, 0, 1) < 0 ? -1 : one[0] & 0xff;
+    }
+
+    @Override
+    public int read(byte[] b, int off, int len) throws IOException {
+      if (hold != null && at == hold.after && hold.resumed.getCount() > 0) {
+        hold.reached.countDown();
+        try {
+          hold.resumed.await();
+        } catch (InterruptedException e) {
+          throw new IOException(e);
+        }
+      }
+      if (at >= bytes.length) {
+        return -1;
+      }
+      long limit = hold != null && at < hold.after ? hold.after : bytes.length;
+      int n = (int) Math.min(len, limit - at);
+      System.arraycopy(bytes, at, b, off, n);
+      at += n;
+      return n;
+    }
+  }
+
+  /** A read on a thread of its own, for reads that may wait on another thread's fetch. */
+  static final class Reader extends Thread {
+    final RemoteSource source;
+    final long position;
+    final int length;
+    volatile byte[] got;
+    volatile Throwable failed;
+
+    Reader(RemoteSource source, long position, int length) {
+      this.source = source;
+      this.position = position;
+      this.length = length;
+      setDaemon(true);
+      start();
+    }
+
+    @Override
+    public void run() {
+      try {
+        got = source.read(position, length);
+      } catch (Throwable e) {
+        failed = e;
+      }
+    }
+  }
+
+  /** Null when the cache charges the copy exactly its pages present, else why not. */
+  static String charged(ImageCache cache, CachedImage copy, int page) {
+    int[] counts = copy.pageCounts();
+    long reserved;
+    synchronized (cache) {
+      reserved = copy.reserved;
+    }
+    if (reserved != (long) counts[0] * page || cache.usedBytes() != reserved) {
+      return "BAD the cache charges " + reserved + " bytes (" + cache.usedBytes() + " in all) for " + counts[0]
+          + " pages present of " + page + " bytes (the fill's reservation outlived its pages)";
+    }
+    return null;
+  }
+
+  public static void main(String[] args) throws Exception {
+    System.out.println(play());
+    System.exit(0);
+  }
+
+  static String play() throws Exception {
+    int page = ImageCache.PAGE;
+    if (page != 256 << 10 || ImageCache.FILL_STREAMS != 0) {
+      return "BAD run with -Dspark_state.imageCachePage=262144 -Dspark_state.imageFillStreams=0";
+    }
+    byte[] image = new byte[4 * page];
+    new Random(38).nextBytes(image);
+    HeldReader reader = new HeldReader(image);
+    ImageCache cache = new ImageCache();
+    cache.setCapacity(64L << 20);
+    RemoteImage remote = new RemoteImage("race.img", "c0", image.length, new long[0], new long[0], new byte[0][],
+        reader);
+
+    // a fill step of the whole image, held after its first write: half of page 0 is in the first file
+    RemoteSource first = cache.open(remote);
+    CachedImage copy = first.image();
+    Hold fillHold = reader.holdNext(128 << 10);
+    Thread fill = new Thread(() -> {
+      try {
+        copy.fillStep(reader);
+      } catch (IOException e) {
+        throw new IllegalStateException(e);
+      }
+    });
+    fill.setDaemon(true);
+    fill.start();
+    fillHold.awaitReached();
+
+    // the image goes idle, its file vanishes, a store opens it again: a new file, every page missing
+    first.close();
+    Files.delete(copy.file);
+    RemoteSource second = cache.open(remote);
+    if (second.image() != copy) {
+      return "BAD the reopened image is a new entry of the cache, not the one the fill writes";
+    }
+
+    // a lookup claims page 0 and is held before its bytes arrive; then the fill goes on and ends
+    Hold lookupHold = reader.holdNext(0);
+    Reader lookup = new Reader(second, 100, 16);
+    lookupHold.awaitReached();
+    fillHold.resume();
+    fill.join(30_000);
+
+    // another lookup of page 0 waits for the first one; it must not read the half the fill wrote elsewhere
+    Reader early = new Reader(second, 0, 64);
+    early.join(500);
+    if (early.got != null && !Arrays.equals(early.got, Arrays.copyOfRange(image, 0, 64))) {
+      return "BAD page 0 was read as present before its bytes were in the copy: the fill claimed it in the "
+          + "vanished file";
+    }
+    lookupHold.resume();
+    lookup.join(30_000);
+    early.join(30_000);
+    for (Reader r : new Reader[] {lookup, early}) {
+      if (r.failed != null) {
+        return "BAD a lookup failed: " + r.failed;
+      }
+      if (!Arrays.equals(r.got, Arrays.copyOfRange(image, (int) r.position, (int) r.position + r.length))) {
+        return "BAD a lookup at " + r.position + " read wrong bytes";
+      }
+    }
+    String charged = charged(cache, copy, page);
+    if (charged != null) {
+      return charged;
+    }
+    byte[] whole = second.read(0, image.length);
+    if (!Arrays.equals(whole, image)) {
+      return "BAD the image reads wrong after the race";
+    }
+    charged = charged(cache, copy, page);
+    if (charged != null) {
+      return charged;
+    }
+    int[] counts = copy.pageCounts();
+    second.close();
+    return "OK " + counts[0] + " " + cache.usedBytes();
+  }
+}
