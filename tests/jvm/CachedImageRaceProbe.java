@@ -2,6 +2,7 @@ package io.sparkstate.shim.engine;
 
 import java.io.IOException;
 import java.io.InputStream;
+import java.lang.reflect.Field;
 import java.nio.file.Files;
 import java.util.ArrayDeque;
 import java.util.Arrays;
@@ -10,11 +11,17 @@ import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 
 /**
- * One race of the executor's cache of remote images, played in a fixed order with a reader that holds its
- * requests where the test says (tests/jvm/test_remote_images.py): a background fill still under way when its
- * image goes idle, the copy's file vanishes, and a store opens the image again; a lookup then claims a page the
- * fill had half written into the vanished file. Run with {@code -Dspark_state.imageCachePage=262144} (a page is
- * two of the fill's 128 KiB writes) and {@code -Dspark_state.imageFillStreams=0}. Prints "OK" or "BAD why".
+ * Races of the executor's cache of remote images, played in a fixed order with a reader that holds its requests
+ * where the test says (tests/jvm/test_remote_images.py), with {@code -Dspark_state.imageFillStreams=0}; prints
+ * "OK ..." or "BAD why".
+ * <ul>
+ *   <li>{@code lost} ({@code -Dspark_state.imageCachePage=262144}: a page is two of the fill's 128 KiB writes): a
+ *       background fill still under way when its image goes idle, the copy's file vanishes, and a store opens the
+ *       image again; a lookup then claims a page the fill had half written into the vanished file.
+ *   <li>{@code dropped} ({@code -Dspark_state.imageCachePage=131072}: a page is one write): a lookup waits for a
+ *       page a fill fetches; the fill has written it when its store closes and another image's room evicts the
+ *       image; the lookup must not wait forever for a fill that can no longer mark the page.
+ * </ul>
  */
 public class CachedImageRaceProbe {
   /** Serves an in-memory image; a request may be held once after a given number of its bytes. */
@@ -151,11 +158,11 @@ public class CachedImageRaceProbe {
   }
 
   public static void main(String[] args) throws Exception {
-    System.out.println(play());
+    System.out.println(args.length > 0 && args[0].equals("dropped") ? dropped() : lost());
     System.exit(0);
   }
 
-  static String play() throws Exception {
+  static String lost() throws Exception {
     int page = ImageCache.PAGE;
     if (page != 256 << 10 || ImageCache.FILL_STREAMS != 0) {
       return "BAD run with -Dspark_state.imageCachePage=262144 -Dspark_state.imageFillStreams=0";
@@ -231,5 +238,109 @@ public class CachedImageRaceProbe {
     int[] counts = copy.pageCounts();
     second.close();
     return "OK " + counts[0] + " " + cache.usedBytes();
+  }
+
+  /** Whether {@code t} waits for a lock in {@code method}. */
+  static boolean blockedIn(Thread t, String method) {
+    return t.getState() == Thread.State.BLOCKED
+        && t.getStackTrace().length > 0 && t.getStackTrace()[0].getMethodName().equals(method);
+  }
+
+  static void until(java.util.function.BooleanSupplier c, String what) throws InterruptedException {
+    long end = System.nanoTime() + 30_000_000_000L;
+    while (!c.getAsBoolean()) {
+      if (System.nanoTime() > end) {
+        throw new IllegalStateException("never: " + what);
+      }
+      Thread.sleep(5);
+    }
+  }
+
+  static String dropped() throws Exception {
+    int page = ImageCache.PAGE;
+    if (page != 128 << 10 || ImageCache.FILL_STREAMS != 0) {
+      return "BAD run with -Dspark_state.imageCachePage=131072 -Dspark_state.imageFillStreams=0";
+    }
+    byte[] image = new byte[4 * page];
+    new Random(7).nextBytes(image);
+    HeldReader reader = new HeldReader(image);
+    ImageCache cache = new ImageCache();
+    cache.setCapacity(4L * page);
+    RemoteImage remote = new RemoteImage("a.img", "c0", image.length, new long[0], new long[0], new byte[0][],
+        reader);
+    RemoteImage remote2 = new RemoteImage("b.img", "c1", image.length, new long[0], new long[0], new byte[0][],
+        reader);
+    RemoteSource first = cache.open(remote);
+    RemoteSource other = cache.open(remote2);
+    CachedImage copy = first.image();
+    CachedImage copy2 = other.image();
+
+    Hold fillHold = reader.holdNext(0);
+    Thread fill = new Thread(() -> {
+      try {
+        copy.fillStep(reader);
+      } catch (Exception e) {
+        e.printStackTrace();
+      }
+    }, "fill");
+    fill.setDaemon(true);
+    fill.start();
+    fillHold.awaitReached();
+
+    // a read of the open store waits for page 1, which the fill fetches
+    Reader waiter = new Reader(first, page + 100, 16);
+    until(() -> waiter.getState() == Thread.State.WAITING, "the read waits");
+
+    // the fill's write of page 0 is held on the file's lock until the evictor holds the cache's and the image's
+    Field rafField = CachedImage.class.getDeclaredField("raf");
+    rafField.setAccessible(true);
+    Object raf = rafField.get(copy);
+    CountDownLatch t2Holds = new CountDownLatch(1);
+    CountDownLatch go = new CountDownLatch(1);
+    Thread t2 = new Thread(() -> {
+      synchronized (cache) {
+        synchronized (copy) {
+          t2Holds.countDown();
+          try {
+            go.await();
+          } catch (InterruptedException e) {
+            return;
+          }
+          first.close();                      // the store goes: image idle
+          cache.reserve(copy2, page);         // another image needs room: the idle one is evicted (drop)
+        }
+      }
+    }, "evictor");
+    t2.setDaemon(true);
+    synchronized (raf) {
+      fillHold.resume();
+      until(() -> blockedIn(fill, "write"), "fill blocked in write on the file");
+      t2.start();
+      t2Holds.await();
+    }
+    // the fill writes page 0 into the (still open) file, then waits for the image's lock to mark it present
+    until(() -> blockedIn(fill, "present"), "fill blocked in present");
+    go.countDown();
+    t2.join(30_000);
+    fill.join(30_000);
+    if (fill.isAlive()) {
+      return "BAD the fill did not end";
+    }
+    String acct;
+    synchronized (cache) {
+      acct = "reserved " + copy.reserved + " " + copy2.reserved + " used " + cache.usedBytes() + " dropped "
+          + copy.dropped;
+    }
+    waiter.join(5_000);
+    if (waiter.isAlive()) {
+      return "BAD the read waiting for page 1 hangs (state " + waiter.getState() + "); " + acct;
+    }
+    if (waiter.failed != null) {
+      return "BAD the read failed: " + waiter.failed + "; " + acct;
+    }
+    if (!Arrays.equals(waiter.got, Arrays.copyOfRange(image, page + 100, page + 116))) {
+      return "BAD the read got wrong bytes; " + acct;
+    }
+    return "OK " + acct;
   }
 }

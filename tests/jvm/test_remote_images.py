@@ -251,21 +251,32 @@ def test_a_copy_that_vanished_or_was_damaged_is_fetched_again_and_answers_right(
         probe.close()
 
 
-def test_a_fill_that_outlives_its_copy_marks_nothing_in_the_next_one(classes, tmp_path):
-    """A fill under way when its image goes idle, the file vanishes and a store opens the image again: the pages
-    it wrote to the vanished file are not present in the new one, and the cache charges only pages present
-    (tests/jvm/CachedImageRaceProbe.java plays the race in a fixed order)."""
+def race(classes: Path, tmp_path: Path, scenario: str, page: int) -> list[str]:
+    """The answer of one race of tests/jvm/CachedImageRaceProbe.java, played in a fixed order."""
     cmd = probe_command("CachedImageRaceProbe.java", "io.sparkstate.shim.engine.CachedImageRaceProbe", classes,
-                        f"-Djava.io.tmpdir={tmp_path}", "-Dspark_state.imageCachePage=262144",
+                        f"-Djava.io.tmpdir={tmp_path}", f"-Dspark_state.imageCachePage={page}",
                         "-Dspark_state.imageFillStreams=0")
-    probe = ProbeProcess(cmd)
+    probe = ProbeProcess(cmd + [scenario])
     try:
         reply = probe.read()
         assert reply.startswith("OK"), reply
-        present, reserved = map(int, reply.split()[1:])
-        assert present == 4 and reserved == 4 * 262144, reply
+        return reply.split()[1:]
     finally:
         probe.close()
+
+
+def test_a_fill_that_outlives_its_copy_marks_nothing_in_the_next_one(classes, tmp_path):
+    """A fill under way when its image goes idle, the file vanishes and a store opens the image again: the pages
+    it wrote to the vanished file are not present in the new one, and the cache charges only pages present."""
+    present, used = map(int, race(classes, tmp_path, "lost", 262144))
+    assert present == 4 and used == 4 * 262144
+
+
+def test_a_lookup_waiting_on_a_fill_of_an_evicted_image_fetches_its_page_itself(classes, tmp_path):
+    """The fill of an image evicted under it marks nothing: the lookup waiting for its page is woken and fetches
+    it (it read the right bytes); the evicted image is charged nothing."""
+    reply = race(classes, tmp_path, "dropped", 131072)
+    assert reply[:3] == ["reserved", "0", "131072"] and reply[-1] == "true", reply
 
 
 def test_the_cache_is_bounded_and_evicts_the_least_recently_used_idle_copy(endpoint, classes, tmp_path):

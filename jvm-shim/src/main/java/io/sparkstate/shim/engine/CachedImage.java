@@ -98,6 +98,7 @@ final class CachedImage {
           }
           state[p] = MISSING;
         }
+        notifyAll();   // a waiter for a page a fill of the lost file held fetches it itself
       }
     }
     Files.createDirectories(file.getParent());
@@ -133,6 +134,7 @@ final class CachedImage {
   synchronized void drop() {
     generation++;
     Arrays.fill(state, MISSING);
+    notifyAll();   // the fill that held a page marks and releases nothing now: its waiters must not wait for it
     closeFile();
     try {
       Files.deleteIfExists(file);
