@@ -1,6 +1,7 @@
 """The shim's packages depend on each other only downwards (jvm-shim/.../package-info.java): Spark's side
 uses everything, the worker client uses the codec, and the engine, the codec and the worker client use
-nothing else of the shim but the memory budget, a leaf. Read off the compiled jar with the JDK's jdeps."""
+nothing else of the shim but two leaves: the memory budget and what is kept per schema. Read off the compiled
+jar with the JDK's jdeps."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ import pytest
 ROOT = "io.sparkstate.shim"
 #: package -> the shim packages it may use besides itself
 ALLOWED = {
-    "": {"engine", "codec", "worker", "memory"},
-    "worker": {"codec", "memory"},
-    "codec": {"memory"},
-    "engine": {"memory"},
+    "": {"engine", "codec", "worker", "memory", "schema"},
+    "worker": {"codec", "memory", "schema"},
+    "codec": {"memory", "schema"},
+    "engine": {"memory", "schema"},
     "memory": set(),
+    "schema": set(),
 }
 
 

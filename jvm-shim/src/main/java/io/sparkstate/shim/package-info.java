@@ -1,6 +1,7 @@
 /**
  * spark_state's JVM shim: Spark's state store provider. This package is the Spark-facing layer, thin on
- * purpose; the work happens in four packages beside it, each using only {@code memory}:
+ * purpose; the work happens in the packages beside it, which use only the two leaves {@code memory} and
+ * {@code schema} (and the worker client the codec):
  *
  * <ul>
  *   <li><b>here, Spark's side</b>: {@link io.sparkstate.shim.SparkStateProvider} (the live version,
@@ -19,6 +20,8 @@
  *   <li>{@link io.sparkstate.shim.worker}: the Python worker's client (requests, connections, the
  *       process, streamed commits, options).</li>
  *   <li>{@link io.sparkstate.shim.memory}: the one memory budget everything above charges.</li>
+ *   <li>{@link io.sparkstate.shim.schema}: what is kept per schema (generated code, bounded) and a key's
+ *       leading columns as that code reads them.</li>
  * </ul>
  */
 package io.sparkstate.shim;

@@ -1,16 +1,16 @@
 package io.sparkstate.shim.codec;
 
-import java.util.ArrayList;
 import java.util.List;
 
-import org.apache.spark.sql.catalyst.expressions.BoundReference;
 import org.apache.spark.sql.catalyst.expressions.Expression;
 import org.apache.spark.sql.catalyst.expressions.Murmur3Hash;
 import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
-import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import scala.jdk.javaapi.CollectionConverters;
+
+import io.sparkstate.shim.schema.LeadingColumns;
+import io.sparkstate.shim.schema.SchemaCache;
 
 /**
  * A key's hash exactly as Spark's {@code HashPartitioning} computes it for the grouping columns
@@ -36,25 +36,15 @@ public final class KeyHasher {
   private final int maxParallelism;
 
   public KeyHasher(StructType keySchema, int numHashFields, int maxParallelism) {
-    StructField[] fields = keySchema.fields();
-    List<Expression> refs = new ArrayList<>();
-    for (int i = 0; i < numHashFields; i++) {
-      refs.add(new BoundReference(i, fields[i].dataType(), fields[i].nullable()));
-    }
-    scala.collection.immutable.Seq<Expression> hash =
-        CollectionConverters.asScala(List.<Expression>of(new Murmur3Hash(CollectionConverters.asScala(refs).toList(),
-            SEED))).toSeq();
+    scala.collection.immutable.Seq<Expression> hash = CollectionConverters.asScala(
+        List.<Expression>of(new Murmur3Hash(LeadingColumns.refs(keySchema, numHashFields), SEED))).toSeq();
     this.projection = ThreadLocal.withInitial(() -> UnsafeProjection.create(hash));
     this.maxParallelism = maxParallelism;
   }
 
   /** The hasher of a store's keys: one per schema, hashed columns and key-group count, shared. */
   public static KeyHasher of(StructType keySchema, int numHashFields, int maxParallelism) {
-    List<Object> id = new ArrayList<>();
-    for (int i = 0; i < numHashFields; i++) {   // only what the hash reads: names do not change it
-      id.add(keySchema.fields()[i].dataType());
-      id.add(keySchema.fields()[i].nullable());
-    }
+    List<Object> id = LeadingColumns.identity(keySchema, numHashFields);
     id.add(maxParallelism);
     return SHARED.computeIfAbsent(id, k -> new KeyHasher(keySchema, numHashFields, maxParallelism));
   }

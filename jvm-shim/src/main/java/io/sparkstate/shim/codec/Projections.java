@@ -6,6 +6,8 @@ import java.util.concurrent.atomic.AtomicInteger;
 import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
 import org.apache.spark.sql.types.StructType;
 
+import io.sparkstate.shim.schema.SchemaCache;
+
 /**
  * Spark's generated row projections of a schema, lent out and given back. Making one costs milliseconds
  * even when the code generator has the class cached (it generates the source to look it up): more than a

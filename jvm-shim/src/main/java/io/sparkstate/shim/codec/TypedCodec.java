@@ -18,6 +18,8 @@ import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.vectorized.ArrowColumnVector;
 
+import io.sparkstate.shim.schema.SchemaCache;
+
 /**
  * Typed rows of docs/protocol.md ({@code kg, hash, key: struct, value: struct}): the key and value
  * {@link UnsafeRow}s as Arrow struct columns, converted by Spark's own Arrow utilities (the ones

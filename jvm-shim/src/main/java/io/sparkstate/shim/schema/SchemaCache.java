@@ -1,24 +1,24 @@
-package io.sparkstate.shim.codec;
+package io.sparkstate.shim.schema;
 
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.function.Function;
 
 /**
- * What the codec made for a schema (generated code, a codec), kept for the next store of that schema.
+ * What the shim made for a schema (generated code, a codec), kept for the next store of that schema.
  * Bounded: one long-lived JVM (a Connect server, a local session) may see the schemas of many queries,
  * which must not pin their generated classes for good; past {@link #MAX} entries it starts over, as
  * remaking an entry costs milliseconds.
  */
-final class SchemaCache<K, V> {
-  static final int MAX = 256;
+public final class SchemaCache<K, V> {
+  public static final int MAX = 256;
 
   private final ConcurrentHashMap<K, V> map = new ConcurrentHashMap<>();
 
-  V get(K key) {
+  public V get(K key) {
     return map.get(key);
   }
 
-  V computeIfAbsent(K key, Function<? super K, ? extends V> make) {
+  public V computeIfAbsent(K key, Function<? super K, ? extends V> make) {
     V v = map.get(key);
     if (v != null) {
       return v;
