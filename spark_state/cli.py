@@ -43,6 +43,18 @@ def _conf(values: list[str]) -> dict[str, str]:
     return out
 
 
+def _refuse_memory_storage(command: str, options: dict[str, str]) -> None:
+    """Memory storage keeps a query's state in its worker process only, so a checkpoint of such a query has no
+    state on disk: say so rather than list or copy an empty checkpoint."""
+    from spark_state.options import settings_from
+
+    if settings_from(options).storage == "memory":
+        raise OptionError(f"--conf storage=memory: memory storage keeps state only in the worker process's memory, "
+                          f"nothing on disk for spark-state {command} to read. Run the query with "
+                          f"storage=filesystem (the default) to operate on its checkpoint, or drop the --conf if "
+                          f"it ran with filesystem storage.")
+
+
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print one JSON document on stdout")
@@ -232,6 +244,7 @@ def _run(args) -> tuple[object, Callable[[object], None], int]:
     from spark_state.lifecycle.progress import for_terminal
 
     options = _conf(args.conf)
+    _refuse_memory_storage(args.command, options)
     progress = for_terminal(not args.no_progress)
     if args.command == "ls":
         from spark_state.lifecycle.overview import overview

@@ -205,3 +205,20 @@ def test_inspect_of_an_empty_partition_says_so_instead_of_a_histogram_of_zeros(c
     out = capsys.readouterr().out
     assert "histogram" not in out and "rows per non-empty key group" not in out, out
     assert "no rows at batch 1" in out, out
+
+
+@pytest.mark.parametrize("command", [["ls"], ["validate"], ["inspect", "-o", "0", "-p", "0"], ["export", "{out}"],
+                                     ["changes"], ["savepoint", "--target", "{out}"], ["restore", "{out}"],
+                                     ["rescale", "4"], ["migrate", "{out}"]])
+def test_memory_storage_says_there_is_nothing_on_disk_instead_of_listing_nothing(ckpt, tmp_path, capsys, command):
+    """A query on memory storage keeps its state in the worker's memory: its checkpoint has none to operate on."""
+    from spark_state.cli import main
+
+    args = [a.format(out=tmp_path / "out") for a in command]
+    code = main([args[0], str(ckpt), *args[1:], "--conf", "storage=memory", "--no-progress"])
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, ""), out
+    (line,) = err.strip().splitlines()
+    assert f"spark-state {args[0]}: error: --conf storage=memory" in line and "nothing on disk" in line, line
+    assert "storage=filesystem" in line, line
+    assert not (tmp_path / "out").exists()
