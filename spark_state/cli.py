@@ -272,11 +272,7 @@ def _run(args) -> tuple[object, Callable[[object], None], int]:
         return _changes(args, options), _show_changes, EXIT_OK
     if args.command == "savepoint":
         from spark_state.lifecycle.savepoint import read_savepoint, savepoint
-        from spark_state.options import PREFIX, settings_from
 
-        if not args.target and not settings_from(options).savepoint_dir:
-            raise OptionError(f"no target directory for the savepoint: pass --target DIR (each savepoint is a new "
-                              f"directory in it) or --conf {PREFIX}savepointDir=DIR.")
         url = savepoint(args.location, args.target, batch=args.batch, options=options, progress=progress)
         meta = read_savepoint(url)
         r = {"savepoint": url, "query_id": meta.query_id, "batch": meta.batch, "files": len(meta.files),

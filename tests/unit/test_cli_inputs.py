@@ -222,3 +222,19 @@ def test_memory_storage_says_there_is_nothing_on_disk_instead_of_listing_nothing
     assert f"spark-state {args[0]}: error: --conf storage=memory" in line and "nothing on disk" in line, line
     assert "storage=filesystem" in line, line
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("target", ["{ckpt}", "{ckpt}/savepoints/x", "{ckpt}/state/sp"])
+def test_a_savepoint_target_inside_the_checkpoint_is_refused(ckpt, target):
+    """A savepoint must outlive its checkpoint (deleting the checkpoint is how a query starts over)."""
+    before = sorted(p.relative_to(ckpt) for p in ckpt.rglob("*"))
+    line = _one_line_error(cli("savepoint", ckpt, "--target", target.format(ckpt=ckpt), check=False))
+    assert f"inside the query's checkpoint file://{ckpt}" in line and f"file://{ckpt}-savepoints" in line, line
+    assert sorted(p.relative_to(ckpt) for p in ckpt.rglob("*")) == before, "a refused savepoint wrote something"
+    line = _one_line_error(cli("savepoint", ckpt, "--conf", f"savepointDir={ckpt}/savepoints", check=False))
+    assert "inside the query's checkpoint" in line, line
+
+
+def test_a_savepoint_without_a_target_says_how_to_give_one(ckpt):
+    line = _one_line_error(cli("savepoint", ckpt, check=False))
+    assert "no target directory" in line and "--target DIR" in line and "savepointDir" in line, line
