@@ -75,9 +75,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("location", help="checkpoint location or savepoint directory")
 
     p = sub.add_parser("inspect", parents=[common], help="one store: rows, key-group histogram, chain of files")
-    p.add_argument("location")
-    p.add_argument("-o", "--operator", type=int, required=True)
-    p.add_argument("-p", "--partition", type=int, required=True)
+    p.add_argument("location", help="checkpoint location or savepoint directory")
+    p.add_argument("-o", "--operator", type=int, required=True, help="operator id (spark-state ls lists them)")
+    p.add_argument("-p", "--partition", type=int, required=True, help="partition number, from 0")
     p.add_argument("-s", "--store", default=DEFAULT_STORE,
                    help=f"store name (joins have four); default '{DEFAULT_STORE}'")
     at = p.add_mutually_exclusive_group()
@@ -89,24 +89,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, help="check only the state of this batch (default: every retained version)")
 
     p = sub.add_parser("export", parents=[common], help="state of a batch as Parquet")
-    p.add_argument("location")
+    p.add_argument("location", help="checkpoint location or savepoint directory")
     p.add_argument("output", help="new or empty directory")
     p.add_argument("--batch", type=int, help="committed batch (default: the latest)")
     p.add_argument("-o", "--operator", type=int, action="append", help="only this operator (repeatable)")
 
     p = sub.add_parser("changes", parents=[common], help="what each batch changed in an operator's state "
                                                          "(Spark's change feed), as Parquet, a table or --json")
-    p.add_argument("location")
+    p.add_argument("location", help="checkpoint location or savepoint directory")
     p.add_argument("output", nargs="?", help="a new .parquet file (default: print the rows)")
-    p.add_argument("-o", "--operator", type=int, default=0)
+    p.add_argument("-o", "--operator", type=int, default=0, help="operator id (default 0; spark-state ls lists them)")
     p.add_argument("-s", "--store", help="store name (joins have four)")
     p.add_argument("--start-batch", type=int, default=0, help="first batch (default 0)")
     p.add_argument("--end-batch", type=int, help="last batch (default: the latest committed)")
     p.add_argument("-p", "--partition", type=int, action="append", help="only this partition (repeatable)")
 
     p = sub.add_parser("savepoint", parents=[common], help="a self-contained savepoint of a committed batch")
-    p.add_argument("location")
-    p.add_argument("--target", help="directory for savepoint-<id>-<random>/ (default: the savepointDir option)")
+    p.add_argument("location", help="checkpoint location of the query (it may keep running)")
+    p.add_argument("--target", help="directory for savepoint-<id>-<random>/, outside the checkpoint "
+                                    "(default: the savepointDir option)")
     p.add_argument("--batch", type=int, help="committed batch (default: the latest)")
 
     p = sub.add_parser("restore", parents=[common], help="a new checkpoint that resumes after a batch")
@@ -115,8 +116,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, help="retained batch of a checkpoint source (default: the latest)")
 
     p = sub.add_parser("rescale", parents=[common], help="change the partition count (metadata only)")
-    p.add_argument("location")
-    p.add_argument("num_partitions", type=int)
+    p.add_argument("location", help="checkpoint location of a stopped query")
+    p.add_argument("num_partitions", type=int, help="the partition count the query resumes with")
 
     p = sub.add_parser("migrate", parents=[common], help="a new checkpoint on spark_state or Spark's HDFS or RocksDB "
                                                          "provider (starts a local Spark)")

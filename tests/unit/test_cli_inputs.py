@@ -6,6 +6,7 @@ the batch ``restore`` can go back to."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -238,3 +239,23 @@ def test_a_savepoint_target_inside_the_checkpoint_is_refused(ckpt, target):
 def test_a_savepoint_without_a_target_says_how_to_give_one(ckpt):
     line = _one_line_error(cli("savepoint", ckpt, check=False))
     assert "no target directory" in line and "--target DIR" in line and "savepointDir" in line, line
+
+
+def _actions(parser: argparse.ArgumentParser, name: str):
+    """(command, action) for every flag and argument of `parser` and its subcommands, subcommands included."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice for choice in action._choices_actions}
+            for sub, subparser in action.choices.items():
+                yield name, helps.get(sub)
+                yield from _actions(subparser, f"{name} {sub}")
+        else:
+            yield name, action
+
+
+def test_every_command_flag_and_argument_has_a_help_text():
+    from spark_state.cli import _parser
+
+    missing = [f"{name} {'/'.join(a.option_strings) or a.dest if a else '(a subcommand)'}"
+               for name, a in _actions(_parser(), "spark-state") if a is None or not (a.help or "").strip()]
+    assert not missing, f"--help shows these without a help text: {missing}"
