@@ -43,6 +43,18 @@ def _conf(values: list[str]) -> dict[str, str]:
     return out
 
 
+def _refuse_memory_storage(command: str, options: dict[str, str]) -> None:
+    """Memory storage keeps a query's state in its worker process only, so a checkpoint of such a query has no
+    state on disk: say so rather than list or copy an empty checkpoint."""
+    from spark_state.options import settings_from
+
+    if settings_from(options).storage == "memory":
+        raise OptionError(f"--conf storage=memory: memory storage keeps state only in the worker process's memory, "
+                          f"nothing on disk for spark-state {command} to read. Run the query with "
+                          f"storage=filesystem (the default) to operate on its checkpoint, or drop the --conf if "
+                          f"it ran with filesystem storage.")
+
+
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print one JSON document on stdout")
@@ -63,9 +75,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("location", help="checkpoint location or savepoint directory")
 
     p = sub.add_parser("inspect", parents=[common], help="one store: rows, key-group histogram, chain of files")
-    p.add_argument("location")
-    p.add_argument("-o", "--operator", type=int, required=True)
-    p.add_argument("-p", "--partition", type=int, required=True)
+    p.add_argument("location", help="checkpoint location or savepoint directory")
+    p.add_argument("-o", "--operator", type=int, required=True, help="operator id (spark-state ls lists them)")
+    p.add_argument("-p", "--partition", type=int, required=True, help="partition number, from 0")
     p.add_argument("-s", "--store", default=DEFAULT_STORE,
                    help=f"store name (joins have four); default '{DEFAULT_STORE}'")
     at = p.add_mutually_exclusive_group()
@@ -77,24 +89,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, help="check only the state of this batch (default: every retained version)")
 
     p = sub.add_parser("export", parents=[common], help="state of a batch as Parquet")
-    p.add_argument("location")
+    p.add_argument("location", help="checkpoint location or savepoint directory")
     p.add_argument("output", help="new or empty directory")
     p.add_argument("--batch", type=int, help="committed batch (default: the latest)")
     p.add_argument("-o", "--operator", type=int, action="append", help="only this operator (repeatable)")
 
     p = sub.add_parser("changes", parents=[common], help="what each batch changed in an operator's state "
                                                          "(Spark's change feed), as Parquet, a table or --json")
-    p.add_argument("location")
+    p.add_argument("location", help="checkpoint location or savepoint directory")
     p.add_argument("output", nargs="?", help="a new .parquet file (default: print the rows)")
-    p.add_argument("-o", "--operator", type=int, default=0)
+    p.add_argument("-o", "--operator", type=int, default=0, help="operator id (default 0; spark-state ls lists them)")
     p.add_argument("-s", "--store", help="store name (joins have four)")
     p.add_argument("--start-batch", type=int, default=0, help="first batch (default 0)")
     p.add_argument("--end-batch", type=int, help="last batch (default: the latest committed)")
     p.add_argument("-p", "--partition", type=int, action="append", help="only this partition (repeatable)")
 
     p = sub.add_parser("savepoint", parents=[common], help="a self-contained savepoint of a committed batch")
-    p.add_argument("location")
-    p.add_argument("--target", help="directory for savepoint-<id>-<random>/ (default: the savepointDir option)")
+    p.add_argument("location", help="checkpoint location of the query (it may keep running)")
+    p.add_argument("--target", help="directory for savepoint-<id>-<random>/, outside the checkpoint "
+                                    "(default: the savepointDir option)")
     p.add_argument("--batch", type=int, help="committed batch (default: the latest)")
 
     p = sub.add_parser("restore", parents=[common], help="a new checkpoint that resumes after a batch")
@@ -103,8 +116,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, help="retained batch of a checkpoint source (default: the latest)")
 
     p = sub.add_parser("rescale", parents=[common], help="change the partition count (metadata only)")
-    p.add_argument("location")
-    p.add_argument("num_partitions", type=int)
+    p.add_argument("location", help="checkpoint location of a stopped query")
+    p.add_argument("num_partitions", type=int, help="the partition count the query resumes with")
 
     p = sub.add_parser("migrate", parents=[common], help="a new checkpoint on spark_state or Spark's HDFS or RocksDB "
                                                          "provider (starts a local Spark)")
@@ -232,6 +245,7 @@ def _run(args) -> tuple[object, Callable[[object], None], int]:
     from spark_state.lifecycle.progress import for_terminal
 
     options = _conf(args.conf)
+    _refuse_memory_storage(args.command, options)
     progress = for_terminal(not args.no_progress)
     if args.command == "ls":
         from spark_state.lifecycle.overview import overview
@@ -259,11 +273,7 @@ def _run(args) -> tuple[object, Callable[[object], None], int]:
         return _changes(args, options), _show_changes, EXIT_OK
     if args.command == "savepoint":
         from spark_state.lifecycle.savepoint import read_savepoint, savepoint
-        from spark_state.options import PREFIX, settings_from
 
-        if not args.target and not settings_from(options).savepoint_dir:
-            raise OptionError(f"no target directory for the savepoint: pass --target DIR (each savepoint is a new "
-                              f"directory in it) or --conf {PREFIX}savepointDir=DIR.")
         url = savepoint(args.location, args.target, batch=args.batch, options=options, progress=progress)
         meta = read_savepoint(url)
         r = {"savepoint": url, "query_id": meta.query_id, "batch": meta.batch, "files": len(meta.files),

@@ -97,7 +97,7 @@ def _file_system(err: OSError, location: str | None) -> str:
                 f"for commands that write), or fix its permissions; {_credentials_fix(location)}.")
     reason = _reason(err.strerror or err)
     if location and location.lower().startswith(("hdfs://", "viewfs://")) and "libjvm" in str(err):
-        return (f"cannot access {path}: {reason} fsspec reads HDFS through pyarrow, which needs a JVM and the "
+        return (f"cannot access {path} ({reason}): fsspec reads HDFS through pyarrow, which needs a JVM and the "
                 f"Hadoop client: set JAVA_HOME, HADOOP_HOME and CLASSPATH=$($HADOOP_HOME/bin/hadoop classpath --glob).")
     return f"cannot access {path}: {reason}."
 

@@ -141,6 +141,8 @@ def read_savepoint(location: str | Dir) -> SavepointMetadata:
 
 
 def _default_target(settings: Settings) -> str:
+    """The directory savepoints go to when none is given: the savepointDir option, from `settings` or the active
+    SparkSession's conf (the CLI has none); a clear error, before anything is read, when neither sets it."""
     if settings.savepoint_dir:
         return settings.savepoint_dir
     try:
@@ -154,9 +156,20 @@ def _default_target(settings: Settings) -> str:
         if value:
             return value
     raise CheckpointError(
-        f"no target directory for the savepoint: pass target_directory or set "
-        f"{PREFIX}savepointDir (configure(savepoint_dir=...))."
+        f"no target directory for the savepoint (each savepoint is a new directory in it): pass one (--target DIR; "
+        f"target_directory= in Python) or set the savepointDir option (--conf {PREFIX}savepointDir=DIR; "
+        f"configure(savepoint_dir=...))."
     )
+
+
+def _refuse_target_in_checkpoint(target: Dir, checkpoint: Dir) -> None:
+    """A savepoint must outlive its checkpoint: inside it, the savepoint would go when the checkpoint is deleted
+    to start the query over, and Spark owns every directory there."""
+    if target.url == checkpoint.url or target.url.startswith(checkpoint.url + "/"):
+        raise CheckpointError(f"the savepoint target {target.url} is inside the query's checkpoint {checkpoint.url}, "
+                              f"which a savepoint must outlive (deleting the checkpoint to start over would delete "
+                              f"it too): give a directory outside the checkpoint, e.g. a sibling "
+                              f"{checkpoint.url}-savepoints. Nothing was written.")
 
 
 def savepoint(checkpoint_location: str, target_directory: str | None = None, *, batch: int | None = None,
@@ -170,9 +183,10 @@ def savepoint(checkpoint_location: str, target_directory: str | None = None, *, 
     only committed, retained files are read, and each is verified as copied.
     """
     settings = settings_from(options)
-    ckpt = SparkCheckpoint(checkpoint_location, settings)
-    cut = checkpoint_cut(ckpt, batch, progress)
     target = Dir(as_url(target_directory or _default_target(settings)))
+    ckpt = SparkCheckpoint(checkpoint_location, settings)
+    _refuse_target_in_checkpoint(target, ckpt.dir)
+    cut = checkpoint_cut(ckpt, batch, progress)
     if is_savepoint(target):
         raise CheckpointError(f"{target.url} is a savepoint, which stays as it was written: give a target "
                               f"directory outside it (each savepoint is a new directory in the target).")

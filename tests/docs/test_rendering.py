@@ -83,6 +83,15 @@ def test_reading_state_says_how_to_install_what_its_examples_use():
     assert "value.sum" in page and "not the query's" in page
 
 
+def test_state_on_s3_is_installed_with_the_s3_extra_not_s3fs_by_hand():
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["s3"] == [r for r in extras["test"] if r.startswith("s3fs")], "the s3 extra's bound is the tests'"
+    recipe = (ROOT / "docs" / "getting-started.md").read_text()
+    installs = [line for line in recipe.splitlines() if line.startswith("pip install") and "s3" in line]
+    assert installs and all(".whl[s3]'" in line and " s3fs" not in line for line in installs), installs
+    assert "pip install 'spark_state[s3]'" in (ROOT / "docs" / "configuration.md").read_text()
+
+
 def test_operating_lists_every_command_of_spark_state():
     """docs/operating.md's table of the ``spark-state`` command names every subcommand the CLI has."""
     from spark_state.cli import _parser

@@ -67,7 +67,7 @@ class Cluster:
 def test_standalone_cluster_with_packed_venv_and_state_on_s3_survives_restart(wheel, tmp_path, s3_bucket):
     # The application's environment, packed for the executors as a user would.
     python = wheel_env.make_venv(tmp_path / "venv")
-    wheel_env.pip_install(python, wheel, "s3fs", "venv-pack", log=tmp_path / "pip.log")
+    wheel_env.pip_install(python, f"{wheel}[s3]", "venv-pack", log=tmp_path / "pip.log")
     archive = tmp_path / "environment.tar.gz"
     wheel_env.run([tmp_path / "venv" / "bin" / "venv-pack", "-p", tmp_path / "venv", "-o", archive],
                   log=tmp_path / "venv-pack.log")

@@ -132,7 +132,7 @@ def test_savepoint_and_restore_commands_resume_the_query(finished, tmp_path):
     (["inspect", "{ckpt}", "-o", "0", "-p", "9"], "it has partitions 0..1"),
     (["ls", "{ckpt}", "--conf", "checkpointRoot"], "is not KEY=VALUE"),
     (["ls", "{ckpt}", "--conf", "snapshotIntervall=3"], "unknown option"),
-    (["savepoint", "{ckpt}"], "pass --target DIR (each savepoint is a new directory in it) or --conf "),
+    (["savepoint", "{ckpt}"], "pass one (--target DIR; target_directory= in Python) or set the savepointDir option"),
     (["changes", "{ckpt}", "--start-batch", "-3"], "start batch -3 (start_batch; CLI: --start-batch) is not a batch"),
     (["changes", "{ckpt}", "--start-batch", "3", "--end-batch", "1"], "CLI: --end-batch"),
     (["rescale", "{ckpt}", "0"], "must be at least 1"),

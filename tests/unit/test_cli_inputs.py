@@ -6,6 +6,7 @@ the batch ``restore`` can go back to."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -205,3 +206,56 @@ def test_inspect_of_an_empty_partition_says_so_instead_of_a_histogram_of_zeros(c
     out = capsys.readouterr().out
     assert "histogram" not in out and "rows per non-empty key group" not in out, out
     assert "no rows at batch 1" in out, out
+
+
+@pytest.mark.parametrize("command", [["ls"], ["validate"], ["inspect", "-o", "0", "-p", "0"], ["export", "{out}"],
+                                     ["changes"], ["savepoint", "--target", "{out}"], ["restore", "{out}"],
+                                     ["rescale", "4"], ["migrate", "{out}"]])
+def test_memory_storage_says_there_is_nothing_on_disk_instead_of_listing_nothing(ckpt, tmp_path, capsys, command):
+    """A query on memory storage keeps its state in the worker's memory: its checkpoint has none to operate on."""
+    from spark_state.cli import main
+
+    args = [a.format(out=tmp_path / "out") for a in command]
+    code = main([args[0], str(ckpt), *args[1:], "--conf", "storage=memory", "--no-progress"])
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, ""), out
+    (line,) = err.strip().splitlines()
+    assert f"spark-state {args[0]}: error: --conf storage=memory" in line and "nothing on disk" in line, line
+    assert "storage=filesystem" in line, line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("target", ["{ckpt}", "{ckpt}/savepoints/x", "{ckpt}/state/sp"])
+def test_a_savepoint_target_inside_the_checkpoint_is_refused(ckpt, target):
+    """A savepoint must outlive its checkpoint (deleting the checkpoint is how a query starts over)."""
+    before = sorted(p.relative_to(ckpt) for p in ckpt.rglob("*"))
+    line = _one_line_error(cli("savepoint", ckpt, "--target", target.format(ckpt=ckpt), check=False))
+    assert f"inside the query's checkpoint file://{ckpt}" in line and f"file://{ckpt}-savepoints" in line, line
+    assert sorted(p.relative_to(ckpt) for p in ckpt.rglob("*")) == before, "a refused savepoint wrote something"
+    line = _one_line_error(cli("savepoint", ckpt, "--conf", f"savepointDir={ckpt}/savepoints", check=False))
+    assert "inside the query's checkpoint" in line, line
+
+
+def test_a_savepoint_without_a_target_says_how_to_give_one(ckpt):
+    line = _one_line_error(cli("savepoint", ckpt, check=False))
+    assert "no target directory" in line and "--target DIR" in line and "savepointDir" in line, line
+
+
+def _actions(parser: argparse.ArgumentParser, name: str):
+    """(command, action) for every flag and argument of `parser` and its subcommands, subcommands included."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice for choice in action._choices_actions}
+            for sub, subparser in action.choices.items():
+                yield name, helps.get(sub)
+                yield from _actions(subparser, f"{name} {sub}")
+        else:
+            yield name, action
+
+
+def test_every_command_flag_and_argument_has_a_help_text():
+    from spark_state.cli import _parser
+
+    missing = [f"{name} {'/'.join(a.option_strings) or a.dest if a else '(a subcommand)'}"
+               for name, a in _actions(_parser(), "spark-state") if a is None or not (a.help or "").strip()]
+    assert not missing, f"--help shows these without a help text: {missing}"

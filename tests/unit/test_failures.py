@@ -20,6 +20,7 @@ def test_an_error_of_many_lines_from_below_is_one_short_line_naming_the_location
 def test_hdfs_without_a_jvm_says_what_pyarrow_needs():
     line = explain(OSError(NO_LIBJVM), "hdfs://namenode/ckpt")
     assert "JAVA_HOME" in line and "HADOOP_HOME" in line and "CLASSPATH" in line, line
+    assert "(Unable to load libjvm): fsspec reads HDFS" in line, line   # not "libjvm fsspec": two sentences
 
 
 def test_a_plain_path_error_still_names_its_path():
