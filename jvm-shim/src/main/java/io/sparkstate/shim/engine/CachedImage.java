@@ -82,25 +82,28 @@ final class CachedImage {
   // ------------------------------------------------------------------ the file
 
   /**
-   * Opens the file for a store that starts reading the image (called by the cache with its lock held). A
-   * file that vanished or is not the image's size while the image was idle lost its pages: answers the bytes
-   * of pages lost.
+   * Called by the cache with its lock held when a store starts reading the idle image, before {@link #openFile}:
+   * a file that vanished or is not the image's size lost its pages. Answers the bytes of pages lost (their room
+   * goes back to the cache, whether or not the file opens then).
    */
-  long openFile() throws IOException {
-    long lost = 0;
-    synchronized (this) {
-      boolean intact = Files.isRegularFile(file) && Files.size(file) == size;
-      if (!intact) {
-        generation++;
-        for (int p = 0; p < pages; p++) {
-          if (state[p] == PRESENT) {
-            lost += pageEnd(p) - pageStart(p);
-          }
-          state[p] = MISSING;
-        }
-        notifyAll();   // a waiter for a page a fill of the lost file held fetches it itself
-      }
+  synchronized long resetIfLost() throws IOException {
+    if (Files.isRegularFile(file) && Files.size(file) == size) {
+      return 0;
     }
+    long lost = 0;
+    generation++;
+    for (int p = 0; p < pages; p++) {
+      if (state[p] == PRESENT) {
+        lost += pageEnd(p) - pageStart(p);
+      }
+      state[p] = MISSING;
+    }
+    notifyAll();   // a waiter for a page a fill of the lost file held fetches it itself
+    return lost;
+  }
+
+  /** Opens the file for a store that starts reading the image (called by the cache with its lock held). */
+  void openFile() throws IOException {
     Files.createDirectories(file.getParent());
     RandomAccessFile f = new RandomAccessFile(file.toFile(), "rw");
     try {
@@ -115,7 +118,6 @@ final class CachedImage {
       closeFile();
       raf = f;
     }
-    return lost;
   }
 
   /** Closes the file (the image went idle, or is dropped); its pages stay as they are on disk. */
@@ -449,13 +451,16 @@ final class CachedImage {
           }
         }
       });
-    } catch (IOException | RuntimeException e) {
+    } catch (IOException | RuntimeException | Error e) {   // an Error too: pages left claimed would hang waiters
       if (writing[0]) {
         release(mine);
       }
       cache.unreserve(this, unkept(ranges, kept));
       if (e instanceof IOException) {
         throw (IOException) e;
+      }
+      if (e instanceof Error) {
+        throw (Error) e;
       }
       throw new IOException(e.getMessage(), e);
     }

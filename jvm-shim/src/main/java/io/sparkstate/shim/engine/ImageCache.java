@@ -143,8 +143,8 @@ final class ImageCache {
       images.put(key, image);
     }
     if (image.users == 0) {
-      long lost = image.openFile();
-      release(image, lost);
+      release(image, image.resetIfLost());
+      image.openFile();
     }
     image.users++;
     image.lastUse = System.nanoTime();
