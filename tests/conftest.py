@@ -23,8 +23,15 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from tests.support import s3_server
+
+# CI (.ci/run sets HYPOTHESIS_PROFILE=ci) runs the property tests on examples derived from each test, the
+# same on every run: a landing never hangs on what one run's random draw happened to find. Plain pytest and
+# `make test-fast` keep drawing new examples, which is where new failures are found (then kept as @example).
+hypothesis_settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 # The loopback S3 endpoint's address (no server yet: tests start it) must be in the environment before the
 # Spark JVM starts: the JVM passes it on to the spark_state worker it starts.
