@@ -1,6 +1,7 @@
 # The two commands of the README:
 #   make demo   installs spark_state alone (no extras) and runs the main job (stop + restart from checkpoint)
-#   make test   installs everything, runs the test suite (local[2]), the two-executor cluster tests,
+#   make test   installs everything, runs the test suite (local[2]; on two pytest-xdist workers, the Spark
+#               tests on one), the two-executor cluster tests,
 #               then the compat matrix (CI: .ci/run)
 #   make test-fast  the tests that need neither Spark nor a JVM (tests/unit, chain, worker; ~2 min)
 #   make wheel  builds dist/spark_state-*.whl (with the JVM shim jar inside)
@@ -24,8 +25,11 @@ demo: $(BASE)
 
 COMPAT ?= 1
 
+# The suite on two processes (tests/conftest.py groups the Spark tests on one): XDIST= runs it in one.
+XDIST ?= -n 2 --dist loadgroup
+
 test: install
-	$(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=15 $(XDIST) $(PYTEST_ARGS)
 	$(PY) -m pytest -q --durations=5 tests/cluster $(PYTEST_ARGS)
 ifneq ($(COMPAT),0)
 	$(PY) -m tests.compat.run $(COMPAT_ARGS)
@@ -33,7 +37,7 @@ endif
 
 # No SparkSession, no JVM: the markers come from tests/conftest.py (tests/spark, packaging, jvm, cluster).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not spark and not jvm" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not spark and not jvm" $(XDIST) $(PYTEST_ARGS)
 
 # The end-to-end tests on two executors (a standalone master + two workers), in a pytest process of their own.
 test-cluster: install

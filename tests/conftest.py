@@ -10,6 +10,10 @@ Layout (helpers live in tests/support, never in a test module):
 A test elsewhere that asks for a SparkSession fixture is marked ``spark`` too; one in the fast directories
 is refused at collection (move it to tests/spark), so ``-m "not spark and not jvm"`` never starts Spark.
 
+``make test`` runs this suite on two pytest-xdist workers (``-n 2 --dist loadgroup``): the tests that use the
+SparkSession on one (one session for the run), the rest beside them (``_group``). Plain ``pytest`` runs
+everything in one process.
+
 Options:
   --run-slow                     also run tests marked ``slow``
   --tested-provider=hdfs         run the end-to-end tests with Spark's HDFS provider on
@@ -34,7 +38,10 @@ hypothesis_settings.register_profile("ci", derandomize=True, database=None, prin
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 # The loopback S3 endpoint's address (no server yet: tests start it) must be in the environment before the
-# Spark JVM starts: the JVM passes it on to the spark_state worker it starts.
+# Spark JVM starts: the JVM passes it on to the spark_state worker it starts. A pytest-xdist worker inherits
+# its controller's environment, so each worker chooses a port of its own (each runs its own server).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("SPARK_STATE_TEST_S3_PORT", None)
 os.environ.update(s3_server.endpoint_env())
 
 TESTS = Path(__file__).parent
@@ -63,9 +70,13 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
+    grouping = getattr(config.option, "loadgroup", False)   # on a pytest-xdist worker under --dist loadgroup
     for item in items:
         _mark_needs(item)
+        if grouping:
+            _group(item)
     if config.getoption("--run-slow"):
         return
     skip = pytest.mark.skip(reason="slow: run with --run-slow")
@@ -88,8 +99,47 @@ def _mark_needs(item) -> None:
                                 f"move it to tests/spark or tests/jvm")
 
 
+def _group(item) -> None:
+    """Under ``pytest -n 2 --dist loadgroup`` (``make test``) the tests that use the suite's SparkSession run on
+    one worker (one session for the run), as do the JVM probes and the users of the session's wheel (built
+    once); every other test, those that start Spark applications of their own included, runs on whichever
+    worker is free."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if SPARK_FIXTURES & fixtures:
+        group = "spark"
+    elif "wheel" in fixtures:
+        group = "wheel"
+    elif item.get_closest_marker("jvm") is not None:
+        group = "jvm"
+    else:
+        return
+    item.add_marker(pytest.mark.xdist_group(group))
+
+
+UNGROUPED = pytest.StashKey[str]()
+
+
+def pytest_collection_finish(session):
+    """Notices a run on pytest-xdist workers whose grouping failed: its Spark tests would start a SparkSession on
+    every worker. pytest-xdist marks a grouped test by a suffix of its id; each test it did not fails at once."""
+    if not getattr(session.config.option, "loadgroup", False):   # set on pytest-xdist's workers
+        return
+    ungrouped = [item.nodeid for item in session.items
+                 if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid]
+    if ungrouped:
+        import xdist
+
+        session.config.stash[UNGROUPED] = (
+            f"pytest-xdist {xdist.__version__} did not group {len(ungrouped)} tests under --dist loadgroup with "
+            f"pytest {pytest.__version__}: install the pytest the test extra pins (pip install -e '.[test]') "
+            "or run without -n")
+
+
 def pytest_runtest_setup(item):
     """``spark_state_only``: the test checks spark_state's own tools (there is nothing to compare on HDFS)."""
+    ungrouped = item.config.stash.get(UNGROUPED, None)
+    if ungrouped is not None and item.get_closest_marker("xdist_group") is not None:
+        pytest.fail(ungrouped, pytrace=False)
     only = item.get_closest_marker("spark_state_only")
     if only is not None and item.config.getoption("--tested-provider") != "spark_state":
         pytest.skip(only.args[0] if only.args else "checks spark_state itself")

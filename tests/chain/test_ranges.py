@@ -49,6 +49,15 @@ def compact(store, version: int, range_rows: int, monkeypatch) -> None:
         store.compactor.compact(version)
 
 
+def private_tempdir(parent, monkeypatch):
+    """A temporary directory of this test's own for the fold's scratch files (``tempfile``'s default), so its
+    check that none is left sees no other process's (the suite runs on two pytest-xdist workers)."""
+    scratch = parent / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    return scratch
+
+
 def image_records(store, version: int) -> list:
     entry = store.reader.view(version).record.snapshot.image
     return list(rowimage.RowImage(store.storage.read_file(entry.path), entry.path))
@@ -65,6 +74,7 @@ def test_a_chain_compacted_range_by_range_is_the_chain_compacted_whole(tmp_path_
     """Two stores commit the same batches; one compacts by ranges of `range_rows` input rows, the other whole.
     The states, the row images' records and the key-group reads agree, and with the model."""
     root = tmp_path_factory.mktemp("ranges")
+    scratch = private_tempdir(root, monkeypatch)
     stores = {name: store_on(f"file://{root}/{name}", **SETTINGS) for name in ("ranges", "whole")}
     model: dict[int, int] = {}
     for v, batch in enumerate(batches, start=1):
@@ -90,7 +100,7 @@ def test_a_chain_compacted_range_by_range_is_the_chain_compacted_whole(tmp_path_
     assert row_bytes(stores["ranges"].load(version, key_groups=wanted)) == \
         row_bytes(stores["whole"].load(version, key_groups=wanted))
     assert_files_of_kept_versions_exist(stores["ranges"])
-    assert not [d for d in os.listdir(tempfile.gettempdir()) if d.startswith("spark-state-fold-")], "scratch left"
+    assert not [d for d in os.listdir(scratch) if d.startswith("spark-state-fold-")], "scratch left"
 
 
 def test_the_snapshot_is_sorted_and_keeps_its_repeated_strings_as_dictionaries(tmp_path, monkeypatch):
@@ -148,6 +158,7 @@ def test_a_rescaled_typed_chain_is_compacted_range_by_range(tmp_path, monkeypatc
 
 
 def test_a_damaged_delta_fails_the_compaction_and_leaves_no_file(tmp_path, monkeypatch):
+    scratch = private_tempdir(tmp_path, monkeypatch)
     store = store_on(f"file://{tmp_path}/s", **SETTINGS)
     store.commit(1, typed({i: i for i in range(300)}))
     store.commit(2, typed({i: i + 1 for i in range(300)}))
@@ -160,7 +171,7 @@ def test_a_damaged_delta_fails_the_compaction_and_leaves_no_file(tmp_path, monke
     with pytest.raises(ChecksumMismatch, match=delta.path):
         compact(store, 2, 25, monkeypatch)
     assert set(store.storage.list_files()) == before and store.reader.view(2).record is None
-    assert not any(name.startswith("spark-state-fold-") for name in os.listdir(tempfile.gettempdir()))
+    assert not any(name.startswith("spark-state-fold-") for name in os.listdir(scratch))
 
 
 def test_fixed_dictionaries_keep_only_what_every_input_allows():
