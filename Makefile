@@ -3,7 +3,7 @@
 #   make test   installs everything, runs the test suite (local[2]; on two pytest-xdist workers, the Spark
 #               tests on one), the two-executor cluster tests,
 #               then the compat matrix (CI: .ci/run)
-#   make test-fast  the tests that need neither Spark nor a JVM (tests/unit, chain, worker; ~2 min)
+#   make test-fast  the tests that need neither Spark nor a JVM (tests/unit, chain, worker; ~3 min)
 #   make wheel  builds dist/spark_state-*.whl (with the JVM shim jar inside)
 #   make dist   builds the sdist, then the wheel from that sdist (what an index serves), and checks both with twine
 #   make docs   builds the user guide (docs/, mkdocs.yml) into build/site with warnings as errors
