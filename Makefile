@@ -1,6 +1,6 @@
 # The two commands of the README:
 #   make demo   installs spark_state alone (no extras) and runs the main job (stop + restart from checkpoint)
-#   make test   installs everything, runs the test suite (local[2]; on two pytest-xdist workers, the Spark
+#   make test   installs everything, runs the test suite (local[2]; on two pytest-xdist workers, the SparkSession's
 #               tests on one), the two-executor cluster tests,
 #               then the compat matrix (CI: .ci/run)
 #   make test-fast  the tests that need neither Spark nor a JVM (tests/unit, chain, worker; ~3 min)
@@ -25,7 +25,7 @@ demo: $(BASE)
 
 COMPAT ?= 1
 
-# The suite on two processes (tests/conftest.py groups the Spark tests on one): XDIST= runs it in one.
+# The suite on two processes (tests/conftest.py groups the tests that use the SparkSession on one): XDIST= runs it in one.
 XDIST ?= -n 2 --dist loadgroup
 
 test: install

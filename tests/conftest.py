@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings as hypothesis_settings
 
-from tests.support import s3_server
+from tests.support import quick_jvm, s3_server
 
 # CI (.ci/run sets HYPOTHESIS_PROFILE=ci) runs the property tests on examples derived from each test, the
 # same on every run: a landing never hangs on what one run's random draw happened to find. Plain pytest and
@@ -43,6 +43,10 @@ hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.pop("SPARK_STATE_TEST_S3_PORT", None)
 os.environ.update(s3_server.endpoint_env())
+
+# The tests' JVMs (their SparkSession, child applications, probes) compile with C1 alone: about half the CPU
+# of a short-lived JVM on a suite that is CPU-bound (tests/support/quick_jvm.py).
+quick_jvm.install()
 
 TESTS = Path(__file__).parent
 #: What the tests of each directory need, by marker.

@@ -46,8 +46,8 @@ from spark_state.lifecycle.cut import Item, NewCheckpoint, copy_items, log_items
 from spark_state.lifecycle.progress import Progress
 from spark_state.lifecycle.rescale import active_query_ids
 from spark_state.options import PREFIX, Settings, settings_from
-from spark_state.spark.checkpoint import (CHECKPOINT_FORMAT_CONF, SparkCheckpoint, spark_state_root, store_ref,
-                                         store_root)
+from spark_state.spark.checkpoint import (CHECKPOINT_FORMAT_CONF, SparkCheckpoint, require_filesystem_storage,
+                                         spark_state_root, store_ref, store_root)
 from spark_state.spark.files import PROVIDER_CLASS_CONF, OffsetSeq, query_metadata
 from spark_state.storage.directory import Dir
 from spark_state.storage.layout import DEFAULT_STORE, STORE_ENTRIES, StoreId
@@ -314,10 +314,7 @@ def _plan(checkpoint_location: str, target: str, to: str, settings: Settings) ->
         raise CheckpointError(f"cannot migrate to {to!r}; choose one of {', '.join(TARGETS)}.")
     if to == "rocksdb":
         _require_spark_for_rocksdb()
-    if settings.storage != "filesystem":
-        raise CheckpointError(
-            f"{PREFIX}storage={settings.storage}: memory storage keeps state in the worker process, so it can "
-            f"neither be read from outside nor hold migrated state; migrate works with storage=filesystem.")
+    require_filesystem_storage(settings, "it can neither be read from outside nor hold migrated state")
     src, dst = Dir(checkpoint_location), Dir(target)
     if src.url == dst.url:
         raise CheckpointError(f"source and target are both {src.url}; migrate into a new location.")

@@ -49,7 +49,7 @@ from spark_state.lifecycle.health import listings, missing_file
 from spark_state.lifecycle.progress import Progress
 from spark_state.lifecycle.savepoint import refuse_savepoint
 from spark_state.options import PREFIX, Settings, settings_from
-from spark_state.spark.checkpoint import SparkCheckpoint
+from spark_state.spark.checkpoint import SparkCheckpoint, require_filesystem_storage
 from spark_state.spark.files import SHUFFLE_PARTITIONS, STATE_PARTITIONS, OperatorMetadata
 from spark_state.storage.layout import StoreId
 
@@ -168,10 +168,7 @@ def rescale(checkpoint_location: str, num_partitions: int, *, options: Mapping[s
     if isinstance(num_partitions, bool) or not isinstance(num_partitions, int) or num_partitions < 1:
         raise CheckpointError(f"the new partition count must be at least 1, got {num_partitions!r}.")
     settings = settings_from(options)
-    if settings.storage != "filesystem":
-        raise CheckpointError(
-            f"{PREFIX}storage={settings.storage}: memory storage keeps state in the worker process, so a stopped "
-            f"query's state cannot be rescaled (it is gone with the worker). Use storage=filesystem.")
+    require_filesystem_storage(settings, "a stopped query's state cannot be rescaled (it is gone with the worker)")
     ckpt = SparkCheckpoint(checkpoint_location, settings)
     refuse_savepoint(ckpt.dir, "rescale")
     committed, resume = _check_stopped(ckpt, num_partitions)

@@ -39,6 +39,14 @@ JOIN_STORE_ORDER = ("left-keyToNumValues", "left-keyWithIndexToValue",
                     "right-keyToNumValues", "right-keyWithIndexToValue")
 
 
+def require_filesystem_storage(settings: Settings, consequence: str) -> None:
+    """Refuses an operation on a query's state from outside its workers when its storage keeps none on disk."""
+    if settings.storage != "filesystem":
+        raise CheckpointError(
+            f"{PREFIX}storage={settings.storage}: memory storage keeps state in the worker process, so "
+            f"{consequence}. Use storage=filesystem (the default) for state you want to operate on.")
+
+
 @dataclass(frozen=True)
 class Operator:
     """A stateful operator of the query: from Spark's operator metadata where it wrote one, else (name
@@ -267,12 +275,7 @@ class SparkCheckpoint:
 
         Memory storage cannot be read from another process: a clear error says so.
         """
-        if self.settings.storage != "filesystem":
-            raise CheckpointError(
-                f"{PREFIX}storage={self.settings.storage}: memory storage keeps state in the worker process, "
-                f"so it cannot be read, copied or rescaled from outside. Use storage=filesystem for state you "
-                f"want to operate on."
-            )
+        require_filesystem_storage(self.settings, "it cannot be read, copied or rescaled from outside")
         store = open_store(self.store_ref(sid), self.settings, cached=False)
         # The tools are not given the query's maxParallelism: its manifests say it (the newest that reads: a
         # damaged one is reported by whatever reads that version).

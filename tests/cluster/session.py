@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+from tests.support import quick_jvm
+
 LOG4J = Path(__file__).with_name("log4j2.properties")
 KIND = os.environ.get("SPARK_STATE_CLUSTER", "standalone")
 if KIND not in ("standalone", "local-cluster"):
@@ -37,7 +39,7 @@ def private_spark_home(where: Path) -> Path:
 def session_conf(fault_dir: Path, pythonpath: str, s3_port: int | None = None) -> dict[str, str]:
     """The cluster's conf; ``s3_port``: where the executors' S3 clients go (``AWS_ENDPOINT_URL``), the proxy in
     front of the moto server a test that needs S3 starts (conftest ``cluster_s3``); None: no S3."""
-    java_opts = f"-Dlog4j2.configurationFile=file:{LOG4J}"
+    java_opts = " ".join([f"-Dlog4j2.configurationFile=file:{LOG4J}", *quick_jvm.flags()])
     # every batch's changes stream to the worker in chunks of two rows while the task runs (docs/protocol.md,
     # "Streamed commits"), so each fault below also meets a commit that was streamed
     streamed = "-Dio.sparkstate.batchRows=2 -Dio.sparkstate.streamChunkBytes=1"

@@ -13,9 +13,10 @@ running-total applyInPandasWithState query, stopped and restarted from its check
 application, must continue every key's total, and the provider-contract check (no abstract method
 of that version's StateStoreProvider / StateStore / ReadStateStore left unimplemented by the shim
 classes, loaded in that version's JVM) must come back empty, and in the second application Spark's
-change feed, snapshot replay and read_changes must agree (``history_problems``). The same two
-applications run again with Spark's checkpoint format v2 (state store checkpoint ids): the same
-totals and history, and the commit log names the checkpoint ids.
+change feed, snapshot replay and read_changes must agree (``history_problems``). Each application
+runs the query twice, from two checkpoints: with checkpoint format v1 and with Spark's checkpoint
+format v2 (state store checkpoint ids), which must give the same totals and history, and whose commit
+log must name the checkpoint ids (v1's none).
 Prints one line per entry with the measured times; exits 1 if any entry failed.
 """
 
@@ -30,7 +31,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from tests.support import pythons, wheel_app, wheel_env
+from tests.support import pythons, quick_jvm, wheel_app, wheel_env
 
 #: Python -> pyspark (latest patch release of each minor version besides the development pin, 4.3 on
 #: Python 3.11). Python 3.10 goes with pyspark 4.0, the oldest pair both support; pyspark 4.3 supports
@@ -82,43 +83,38 @@ def check_version(installing: Future, python_version: str, version: str, work: P
         python, record["install_s"] = installing.result()
         t0 = time.monotonic()
         env = wheel_env.jre_env(work)
-        # the query as it comes, and the same query with Spark's checkpoint format v2 (state store checkpoint
-        # ids): two apps of their own, each restarted once, side by side (mostly JVM start-up and waiting)
-        # key: the prefix of its times in the record; value: its app directory and arguments
-        chains = {"": ("app", ["--configure"]), "v2_": ("app-v2", ["--configure", "--checkpoint-format", "2"])}
-
-        def chain(prefix: str) -> list[dict]:
-            app, args = chains[prefix]
-            out = []
-            for phase in (1, 2):
-                t = time.monotonic()
-                out.append(wheel_env.run_app(python, work / app, phase, env, args=args))
-                record[f"{prefix}phase{phase}_s"] = round(time.monotonic() - t, 1)
-            return out
-
-        with ThreadPoolExecutor(max_workers=len(chains)) as apps:
-            results, v2 = apps.map(chain, chains)
+        # the query as it comes (format v1) and with Spark's checkpoint format v2 (state store checkpoint ids),
+        # each on a checkpoint of its own, in one application per phase (one JVM start checks both formats)
+        runs = []
+        for phase in (1, 2):
+            t = time.monotonic()
+            runs.append(wheel_env.run_app(python, work / "app", phase, env,
+                                          args=["--configure", "--checkpoint-format", "1", "2"]))
+            record[f"phase{phase}_s"] = round(time.monotonic() - t, 1)
         problems = []
-        for phase, result in enumerate(v2, start=1):
-            if not result["unique_ids"]:
-                problems.append(f"checkpoint format v2, phase {phase}: the commit log names no checkpoint id")
-        for phase, result in [*enumerate(results, start=1), *enumerate(v2, start=1)]:
-            expected = {k: v for k, v in wheel_app.expected_totals(phase).items()
-                        if k in {k for k, _ in wheel_app.EVENTS[phase]}}
+        for fmt in ("1", "2"):
+            for phase, run in enumerate(runs, start=1):
+                result, where = run["queries"][fmt], f"checkpoint format v{fmt}, phase {phase}"
+                expected = {k: v for k, v in wheel_app.expected_totals(phase).items()
+                            if k in {k for k, _ in wheel_app.EVENTS[phase]}}
+                if result["totals"] != expected:
+                    problems.append(f"{where}: totals {result['totals']}, expected {expected}")
+                if result["pythons"] != [str(python)]:
+                    problems.append(f"{where}: the UDF ran on {result['pythons']}, not {python}")
+                if bool(result["unique_ids"]) != (fmt == "2"):   # v2 names its checkpoint ids, v1 none
+                    problems.append(f"{where}: the commit log's checkpoint ids are {result['unique_ids']}")
+                problems += [f"{where}: {p}" for p in history_problems(phase, result.get("history"))]
+        for phase, result in enumerate(runs, start=1):
             if result["spark"] != version:
                 problems.append(f"phase {phase} ran Spark {result['spark']}, not {version}")
-            if result["python_version"] != python_version or result["pythons"] != [str(python)]:
-                problems.append(f"phase {phase} ran Python {result['python_version']} (workers: {result['pythons']}), "
-                                f"not {python_version} from {python}")
+            if result["python_version"] != python_version:
+                problems.append(f"phase {phase} ran Python {result['python_version']}, not {python_version}")
             if result["javac"]:
                 problems.append(f"javac was on PATH: {result['javac']}")
             if not result["jar"].startswith(str(work / "venv")):
                 problems.append(f"the shim jar {result['jar']} is not the installed wheel's")
-            if result["totals"] != expected:
-                problems.append(f"phase {phase} totals {result['totals']}, expected {expected}")
             if "io.sparkstate.shim.MaintenanceWarnings" not in result["listeners"]:
                 problems.append(f"phase {phase}: spark_state's query listener is not registered: {result['listeners']}")
-            problems += history_problems(phase, result.get("history"))
             unimplemented = {c: m for c, m in result["contract"].items() if m}
             if unimplemented:
                 problems.append(f"abstract methods left unimplemented: {unimplemented}")
@@ -143,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     matrix = _pairs(args.matrix, "--matrix")
     explicit = _pairs(args.python, "--python")
 
+    quick_jvm.install()   # the apps' JVMs: C1 alone, as in the suite
     work = args.workdir or Path(tempfile.mkdtemp(prefix="spark-state-compat-"))
     work.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()

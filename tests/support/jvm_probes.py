@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import quick_jvm
 from tests.support.paths import TESTS
 
 #: What Arrow and Spark's unsafe rows need opened on JDK 17.
@@ -28,7 +29,7 @@ def probe_command(source: str, main_class: str, classes: Path, *jvm_options: str
     cp = f"{shim.shim_jar()}:{shim.spark_jars_dir() / '*'}"
     sources = [str(TESTS / "jvm" / source), str(TESTS / "jvm" / "Probes.java")]
     subprocess.run(["javac", "-nowarn", "-d", str(classes), "-cp", cp, *sources], check=True, capture_output=True)
-    return ["java", f"-Xmx{heap}", *OPENS, *jvm_options, "-cp", f"{classes}:{cp}", main_class]
+    return ["java", f"-Xmx{heap}", *OPENS, *quick_jvm.flags(), *jvm_options, "-cp", f"{classes}:{cp}", main_class]
 
 
 class ProbeProcess:

@@ -4,7 +4,7 @@ It imports nothing from this repository (only spark_state and pyspark), so it pr
 install works on its own: from a wheel, beside any supported pyspark, with no JDK.
 
     python wheel_app.py WORKDIR PHASE [--configure] [--master URL] [--option key=value ...]
-                        [--checkpoint-format N]
+                        [--checkpoint-format N [N]]
 
 Phase N adds input file N under WORKDIR/events and runs a running-total
 ``applyInPandasWithState`` query once (availableNow) from WORKDIR/checkpoint; run phase 1,
@@ -19,6 +19,9 @@ phase 2 on also the state's history: Spark's change feed and snapshot replay
 (``SupportsFineGrainedReplay``, whose signatures differ between Spark 4.0 and 4.1+) and
 ``spark_state.read_changes``. ``--checkpoint-format 2`` runs the query with Spark's checkpoint format v2
 (state store checkpoint ids); the result then names the ids of the last commit log entry (``unique_ids``).
+``--checkpoint-format 1 2`` runs the query once per format in the same application, each from a checkpoint
+of its own (WORKDIR/checkpoint-v1, checkpoint-v2): the result's ``queries`` holds each one's totals, Python,
+history and ids (the top level keeps the first's).
 """
 
 from __future__ import annotations
@@ -116,6 +119,34 @@ def unique_ids(checkpoint: Path):
     return json.loads(lines[1]).get("stateUniqueIds") if len(lines) > 1 else None
 
 
+
+def run_query(spark, args, fmt: int | None, events_dir: Path, own_dir: bool) -> dict:
+    """Runs the running-total query once (availableNow) with checkpoint format ``fmt`` (set on the session before
+    the query starts: Spark records it in the query's offset log); returns what it did to its state."""
+    if fmt:
+        spark.conf.set("spark.sql.streaming.stateStore.checkpointFormatVersion", str(fmt))
+    checkpoint = args.workdir / (f"checkpoint-v{fmt}" if own_dir else "checkpoint")
+    outputs: list[dict] = []
+
+    def collect(df, batch_id):
+        outputs.extend(row.asDict() for row in df.collect())
+
+    events = spark.readStream.schema("k string, v long").json(str(events_dir))
+    query = (events.groupBy("k")
+             .applyInPandasWithState(running_total, "k string, total long, python string", "total long",
+                                     "update", "NoTimeout")
+             .writeStream.outputMode("update").foreachBatch(collect)
+             .option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    return {
+        "totals": {row["k"]: row["total"] for row in outputs},   # each key's latest total
+        "pythons": sorted({row["python"] for row in outputs}),
+        "history": history(spark, checkpoint) if args.phase > 1 else None,
+        "unique_ids": unique_ids(checkpoint),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("workdir", type=Path)
@@ -123,8 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configure", action="store_true", help="use spark_state.configure(builder)")
     parser.add_argument("--master", help="master URL (omit under spark-submit)")
     parser.add_argument("--option", action="append", default=[], help="spark_state option key=value")
-    parser.add_argument("--checkpoint-format", type=int, choices=(1, 2),
-                        help="spark.sql.streaming.stateStore.checkpointFormatVersion (default: Spark's)")
+    parser.add_argument("--checkpoint-format", type=int, choices=(1, 2), nargs="+",
+                        help="spark.sql.streaming.stateStore.checkpointFormatVersion (default: Spark's); with "
+                             "several, the query runs once per format, each on checkpoint-vN")
     args = parser.parse_args(argv)
 
     from pyspark.sql import SparkSession
@@ -142,31 +174,16 @@ def main(argv: list[str] | None = None) -> int:
                .config("spark.sql.shuffle.partitions", "2"))
     if args.master:
         builder = builder.master(args.master)
-    if args.checkpoint_format:
-        builder = builder.config("spark.sql.streaming.stateStore.checkpointFormatVersion", str(args.checkpoint_format))
     if args.configure:
         options = dict(o.split("=", 1) for o in args.option)
         builder = spark_state.configure(builder, **options)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
 
-    outputs: list[dict] = []
-
-    def collect(df, batch_id):
-        outputs.extend(row.asDict() for row in df.collect())
-
-    events = spark.readStream.schema("k string, v long").json(str(events_dir))
-    query = (events.groupBy("k")
-             .applyInPandasWithState(running_total, "k string, total long, python string", "total long",
-                                     "update", "NoTimeout")
-             .writeStream.outputMode("update").foreachBatch(collect)
-             .option("checkpointLocation", str(args.workdir / "checkpoint"))
-             .trigger(availableNow=True).start())
-    query.awaitTermination()
-
-    totals: dict[str, int] = {}
-    for row in outputs:
-        totals[row["k"]] = row["total"]
+    # one query per checkpoint format asked for (Spark's default when none), each on a checkpoint of its own
+    # when there are several: one application (one JVM start) checks both formats
+    formats = args.checkpoint_format or [None]
+    queries = {str(fmt or "default"): run_query(spark, args, fmt, events_dir, len(formats) > 1) for fmt in formats}
     result = {
         "spark": spark.version,
         "jar": str(spark_state.shim_jar(build=False)),
@@ -174,12 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         "provider": spark.conf.get("spark.sql.streaming.stateStore.providerClass", None),
         "contract": contract(spark),
         "listeners": sorted(l.getClass().getName() for l in spark._jsparkSession.streams().listListeners()),
-        "totals": totals,
-        "pythons": sorted({row["python"] for row in outputs}),
         "python_version": "%d.%d" % sys.version_info[:2],
         "pid": os.getpid(),
-        "history": history(spark, args.workdir / "checkpoint") if args.phase > 1 else None,
-        "unique_ids": unique_ids(args.workdir / "checkpoint"),
+        **next(iter(queries.values())),   # the first (usually only) query's, at the top as before
+        "queries": queries,
     }
     spark.stop()
     print("RESULT " + json.dumps(result), flush=True)
