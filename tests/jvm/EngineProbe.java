@@ -344,8 +344,8 @@ public class EngineProbe {
   }
 
   /**
-   * After {@link #budget}: the first store is closed, the second dropped without closing (a version nobody
-   * closed) and collected, then the rest closed. Answers {@code OK} and, after each step, the budget's
+   * After {@link #budget}: the first store is closed, the second read (its runs' blocks cached) and dropped
+   * without closing (a version nobody closed) and collected, then the rest closed. Answers {@code OK} and, after each step, the budget's
    * rows, runs, cache and total, and what the remaining stores hold (rows, runs): {@code closed: ...
    * dropped: ... all: ...}.
    */
@@ -354,6 +354,9 @@ public class EngineProbe {
     stores[0].map.close();
     stores[0] = null;
     sb.append(" closed: ").append(figures());
+    for (String k : stores[1].model.keySet()) {   // its runs' blocks in the cache: collected, it must let them go
+      stores[1].map.get(stores[1].key(k));
+    }
     stores[1] = null;
     long[] want = held();
     for (int i = 0; i < 300 && (budget.used("rows") != want[0] || budget.used("runs") != want[1]); i++) {

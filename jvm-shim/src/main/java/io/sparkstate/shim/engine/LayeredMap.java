@@ -1,6 +1,7 @@
 package io.sparkstate.shim.engine;
 
 import java.io.IOException;
+import java.lang.ref.Cleaner;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -64,6 +65,8 @@ final class LayeredMap implements StateMap {
   /** Most runs a store keeps (the bottom aside) before it merges its newest two whatever their sizes. */
   static final int MAX_RUNS = 8;
   private static final UnsafeRow NO_VALUE = emptyRow();
+  /** Lets go of what a map nobody closed holds (see {@link Remains}). */
+  private static final Cleaner CLEANER = Cleaner.create();
 
   private final int keyFields;
   private final int valueFields;
@@ -79,6 +82,9 @@ final class LayeredMap implements StateMap {
    * closes, or is collected unclosed (a version nobody closed), as {@link #heap}.
    */
   private final Reservation runCharges;
+  /** What {@link #close} lets go of, also when the map is collected unclosed. */
+  private final Remains remains;
+  private final Cleaner.Cleanable cleanable;
   private RowArena overlay;
   private RowArena tombstones;
   /** Newest first, the bottom last; replaced whole under the lock (a scan or a merge holds its own list). */
@@ -126,8 +132,44 @@ final class LayeredMap implements StateMap {
     this.engine = engine;
     this.overlay = new RowArena(keyFields, valueFields, expectedRows);
     this.tombstones = new RowArena(keyFields, 0, 16);
-    this.heap = engine.budget().reserve("rows", this);
-    this.runCharges = engine.budget().reserve("runs", this);
+    this.heap = engine.budget().reserve("rows", null);
+    this.runCharges = engine.budget().reserve("runs", null);
+    this.remains = new Remains(heap, runCharges);
+    this.cleanable = CLEANER.register(this, remains);
+  }
+
+  /**
+   * The runs and reservations of a map, apart from it so that a map collected unclosed (a version Spark
+   * dropped) lets go of them too: its runs' files close and their blocks leave the executor's block cache,
+   * which would otherwise keep them (each cached block points at its image) until evicted. Runs go first, so
+   * once the reservations read 0 the cache holds none of the map's blocks.
+   */
+  private static final class Remains implements Runnable {
+    private final Reservation heap;
+    private final Reservation runCharges;
+    /** The map's runs, as {@link #runs}. */
+    volatile List<Run> runs = List.of();
+
+    Remains(Reservation heap, Reservation runCharges) {
+      this.heap = heap;
+      this.runCharges = runCharges;
+    }
+
+    @Override
+    public void run() {
+      for (Run r : runs) {
+        r.release();
+      }
+      runs = List.of();
+      heap.close();
+      runCharges.close();   // runs a merge still reads are not the store's any more
+    }
+  }
+
+  /** Replaces the runs (under the lock). */
+  private void setRuns(List<Run> next) {
+    runs = next;
+    remains.runs = next;
   }
 
   /**
@@ -138,7 +180,7 @@ final class LayeredMap implements StateMap {
     if (overlay.size() > 0 || tombstones.size() > 0 || !runs.isEmpty()) {
       throw new IllegalStateException("spark_state: a base image goes under an empty map");
     }
-    runs = List.of(newRun(image, true, Run.MIXED, image.path()));
+    setRuns(List.of(newRun(image, true, Run.MIXED, image.path())));
     size = rows;
   }
 
@@ -418,11 +460,8 @@ final class LayeredMap implements StateMap {
       s.forget();
     }
     scans.clear();
-    for (Run r : runs) {
-      r.release();
-    }
+    cleanable.clean();   // the runs, then the reservations
     runs = List.of();
-    runCharges.close();   // runs a merge still reads are not the store's any more
   }
 
   private void checkOpen() {
@@ -723,7 +762,7 @@ final class LayeredMap implements StateMap {
     }
     List<Run> next = new ArrayList<>(made);
     next.addAll(runs);
-    runs = List.copyOf(next);
+    setRuns(List.copyOf(next));
     long freed = heapBytes();
     overlay = new RowArena(keyFields, valueFields, 16);
     tombstones = new RowArena(keyFields, 0, 16);
@@ -864,7 +903,7 @@ final class LayeredMap implements StateMap {
         List<Run> next = new ArrayList<>(runs.subList(0, at));
         next.add(merged);
         next.addAll(runs.subList(at + range.size(), runs.size()));
-        runs = List.copyOf(next);
+        setRuns(List.copyOf(next));
         for (Run r : range) {
           r.release();   // the store's reference
         }
