@@ -165,7 +165,8 @@ def spark(tested):
         import spark_state
 
         builder = spark_state.configure(builder, storage="filesystem")
-    session = builder.getOrCreate()
+    with quick_jvm.long_lived():   # it runs every SparkSession test: C2 pays for itself there
+        session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

@@ -20,6 +20,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+from tests.support import quick_jvm
 from tests.support.ports import free_port, wait_listening
 
 HOSTS = ("127.0.0.1", "127.0.0.2")
@@ -49,7 +50,7 @@ class StandaloneCluster:
 
     def _start(self, name: str, main: str, args: list[str], env: dict) -> subprocess.Popen:
         java = str(Path(os.environ["JAVA_HOME"], "bin", "java")) if os.environ.get("JAVA_HOME") else "java"
-        cmd = [java, "-Xmx256m", f"-Dlog4j2.configurationFile=file:{self.log4j}",
+        cmd = [java, "-Xmx256m", *quick_jvm.flags(), f"-Dlog4j2.configurationFile=file:{self.log4j}",
                "-cp", f"{self.spark_home}/conf:{self.spark_home}/jars/*", main, *args]
         log = open(self.workdir / f"{name}.log", "w")
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
