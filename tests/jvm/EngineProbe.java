@@ -344,10 +344,10 @@ public class EngineProbe {
   }
 
   /**
-   * After {@link #budget}: the first store is closed, the second read (its runs' blocks cached) and dropped
-   * without closing (a version nobody closed) and collected, then the rest closed. Answers {@code OK} and, after each step, the budget's
+   * After {@link #budget}: the first store is closed, the second read (its runs' blocks cached), iterated
+   * partway and dropped without closing (a version nobody closed) and collected, then the rest closed. Answers {@code OK} and, after each step, the budget's
    * rows, runs, cache and total, and what the remaining stores hold (rows, runs): {@code closed: ...
-   * dropped: ... all: ...}.
+   * dropped: ... all: ... open: runs}, runs the spill runs still open once every store is gone.
    */
   static String release() throws Exception {
     StringBuilder sb = new StringBuilder("OK");
@@ -357,6 +357,11 @@ public class EngineProbe {
     for (String k : stores[1].model.keySet()) {   // its runs' blocks in the cache: collected, it must let them go
       stores[1].map.get(stores[1].key(k));
     }
+    Iterator<UnsafeRowPair> partway = stores[1].map.iterator();   // an iteration never finished holds its runs
+    for (int i = 0; i < 10 && partway.hasNext(); i++) {
+      partway.next();
+    }
+    partway = null;
     stores[1] = null;
     long[] want = held();
     for (int i = 0; i < 300 && (budget.used("rows") != want[0] || budget.used("runs") != want[1]); i++) {
@@ -369,6 +374,7 @@ public class EngineProbe {
       stores[i] = null;
     }
     sb.append(" all: ").append(figures());
+    sb.append(" open: ").append(openRuns().size());
     return sb.toString();
   }
 

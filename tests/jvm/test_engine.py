@@ -52,8 +52,9 @@ def test_the_budget_holds_every_kind_of_memory_and_is_given_back(probe):
     - once the batches ended and the merges settled, each kind of reservation is exactly what its holders hold
       (the stores' heap rows and prefix index, their runs' indexes and filters, the cache's blocks), and the
       prefix index reports what its entries take at every batch end;
-    - closing a store gives its share back at once; a store dropped without closing gives it back when collected
-      (its rows and its runs); once every store is gone the budget holds nothing."""
+    - closing a store gives its share back at once; a store dropped without closing (read, and iterated partway)
+      gives it back when collected (its rows, its runs, their cached blocks); once every store is gone the budget
+      holds nothing and no spill run is open."""
     (limit, max_used, max_record, spills, merges, max_cache, max_runs, max_rows, rows, held_rows, runs, held_runs,
      cache, held_cache, used, max_index) = map(int, ask(probe, f"budget 7 20000 {STORES}"))
     assert limit == LIMIT
@@ -68,18 +69,19 @@ def test_the_budget_holds_every_kind_of_memory_and_is_given_back(probe):
         f"the budget says rows {rows}, runs {runs}, cache {cache}; they hold {held_rows}, {held_runs}, {held_cache}"
     assert used == rows + runs + cache
 
-    closed, dropped, gone = release(probe)
+    closed, dropped, gone, still_open = release(probe)
     assert closed[:2] == closed[4:], f"closing a store left rows/runs {closed[:2]} charged for {closed[4:]} held"
     assert dropped[:2] == dropped[4:], \
         f"a store dropped without closing left rows/runs {dropped[:2]} charged for {dropped[4:]} held, after GCs"
     assert gone[:4] == [0, 0, 0, 0], f"with every store gone the budget still holds rows/runs/cache/total {gone[:4]}"
+    assert still_open == 0, f"with every store gone {still_open} spill runs are still open"
 
 
-def release(probe: ProbeProcess) -> tuple[list[int], list[int], list[int]]:
+def release(probe: ProbeProcess) -> tuple[list[int], list[int], list[int], int]:
     words = ask(probe, "release")
     closed, dropped, gone = words[1:7], words[8:14], words[15:21]
-    assert words[0] == "closed:" and words[7] == "dropped:" and words[14] == "all:", words
-    return [int(x) for x in closed], [int(x) for x in dropped], [int(x) for x in gone]
+    assert words[0] == "closed:" and words[7] == "dropped:" and words[14] == "all:" and words[21] == "open:", words
+    return [int(x) for x in closed], [int(x) for x in dropped], [int(x) for x in gone], int(words[22])
 
 
 @pytest.mark.parametrize("mode,says", [("flip", "CRC-32"), ("truncate", "truncated")])

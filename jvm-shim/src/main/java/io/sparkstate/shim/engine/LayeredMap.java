@@ -5,7 +5,9 @@ import java.lang.ref.Cleaner;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
+import java.util.Collections;
 import java.util.HashSet;
+import java.util.IdentityHashMap;
 import java.util.Iterator;
 import java.util.List;
 import java.util.NoSuchElementException;
@@ -141,28 +143,80 @@ final class LayeredMap implements StateMap {
   /**
    * The runs and reservations of a map, apart from it so that a map collected unclosed (a version Spark
    * dropped) lets go of them too: its runs' files close and their blocks leave the executor's block cache,
-   * which would otherwise keep them (each cached block points at its image) until evicted. Runs go first, so
-   * once the reservations read 0 the cache holds none of the map's blocks.
+   * which would otherwise keep them (each cached block points at its image) until evicted. That includes the
+   * runs its unfinished iterators hold ({@link Hold}). Runs go first, so once the reservations read 0 the
+   * cache holds none of the map's blocks.
    */
   private static final class Remains implements Runnable {
     private final Reservation heap;
     private final Reservation runCharges;
     /** The map's runs, as {@link #runs}. */
     volatile List<Run> runs = List.of();
+    /** The runs of the map's iterators that have not ended (guarded by itself). */
+    private final Set<Hold> holds = Collections.newSetFromMap(new IdentityHashMap<>());
 
     Remains(Reservation heap, Reservation runCharges) {
       this.heap = heap;
       this.runCharges = runCharges;
     }
 
+    /** An iterator's runs, retained until {@link #release} (or the map is collected). */
+    Hold hold(List<Run> held) {
+      Hold h = new Hold(held);
+      synchronized (holds) {
+        holds.add(h);
+      }
+      return h;
+    }
+
+    void release(Hold h) {
+      synchronized (holds) {
+        if (!holds.remove(h)) {
+          return;
+        }
+      }
+      releaseAll(h.runs);
+    }
+
     @Override
     public void run() {
-      for (Run r : runs) {
-        r.release();
+      try {
+        List<Hold> left;
+        synchronized (holds) {
+          left = new ArrayList<>(holds);
+          holds.clear();
+        }
+        for (Hold h : left) {
+          releaseAll(h.runs);
+        }
+        releaseAll(runs);
+        runs = List.of();
+      } finally {
+        heap.close();
+        runCharges.close();   // runs a merge still reads are not the store's any more
       }
-      runs = List.of();
-      heap.close();
-      runCharges.close();   // runs a merge still reads are not the store's any more
+    }
+
+    private static void releaseAll(List<Run> rs) {
+      for (Run r : rs) {
+        try {
+          r.release();
+        } catch (RuntimeException e) {   // the others and the reservations are still let go
+          LOG.warn("spark_state: cannot let go of the local state file {}: {}", r.image.path(), e.toString());
+        }
+      }
+    }
+  }
+
+  /** The runs one iterator walks, each retained once for it. */
+  private static final class Hold {
+    final List<Run> runs;
+
+    Hold(List<Run> runs) {
+      for (Run r : runs) {
+        r.retain();
+      }
+      this.runs = runs;
     }
   }
 
@@ -959,8 +1013,9 @@ final class LayeredMap implements StateMap {
     /** Keys that entered the heap after this iterator started. */
     final Set<UnsafeRow> added = new HashSet<>();
     private final Iterator<UnsafeRowPair> upper = overlay.iterator();
-    /** The runs this scan walks, held until it ends. */
+    /** The runs this scan walks, held until it ends (in {@link #remains}: a map collected unclosed lets them go). */
     private List<Run> held;
+    private final Hold hold;
     private final MergedCursor lower;
     private UnsafeRowPair next;
     private boolean done;
@@ -969,9 +1024,7 @@ final class LayeredMap implements StateMap {
 
     Scan() {
       held = runs;
-      for (Run r : held) {
-        r.retain();
-      }
+      hold = remains.hold(held);
       MergedCursor cursor = null;
       try {
         cursor = held.isEmpty() ? null : new MergedCursor(held);   // reads each run's first block
@@ -1018,13 +1071,10 @@ final class LayeredMap implements StateMap {
       release();
     }
 
-    /** Lets go of the runs (the scan ended, or was forgotten). */
+    /** Lets go of the runs (the scan ended, or was forgotten); a second call does nothing. */
     void release() {
-      List<Run> h = held;
       held = List.of();
-      for (Run r : h) {
-        r.release();
-      }
+      remains.release(hold);
     }
 
     private UnsafeRowPair advance() {
