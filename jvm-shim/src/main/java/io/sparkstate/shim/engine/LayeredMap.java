@@ -213,8 +213,15 @@ final class LayeredMap implements StateMap {
     final List<Run> runs;
 
     Hold(List<Run> runs) {
-      for (Run r : runs) {
-        r.retain();
+      int n = 0;
+      try {
+        for (Run r : runs) {
+          r.retain();
+          n++;
+        }
+      } catch (RuntimeException e) {   // a closed run: the ones retained already are let go
+        Remains.releaseAll(runs.subList(0, n));
+        throw e;
       }
       this.runs = runs;
     }
