@@ -188,9 +188,10 @@ def _show_inspect(r: dict) -> None:
 
     con = _console()
     kg = r["key_groups"]
+    owned = kg.get("owned")
+    of = f"the {owned} key groups it owns" if owned is not None else f"{kg['max_parallelism']} key groups"
     con.print(f"store operator {r['operator']}, partition {r['partition']}, {r['store']}: version {r['version']} "
-              f"(batch {r['batch']}), {r['rows']} rows in {kg['key_groups_with_rows']} of {kg['max_parallelism']} "
-              f"key groups\n  {r['root']}")
+              f"(batch {r['batch']}), {r['rows']} rows in {kg['key_groups_with_rows']} of {of}\n  {r['root']}")
     chain = Table(title="chain (oldest first)", box=None, pad_edge=False, title_justify="left")
     for col in ("kind", "version", "rows", "bytes", "checksum", "path"):
         chain.add_column(col)
@@ -404,8 +405,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result, show, code = _run(args)
     except Exception as err:  # noqa: BLE001 - every failure is one line that says what to do (failures.py)
-        if args.traceback:
-            raise
+        if args.traceback:   # the traceback instead of the line, with the same exit status
+            import traceback
+
+            traceback.print_exc()
+            return EXIT_ERROR
         from spark_state.lifecycle.failures import explain
 
         message = explain(err, _location(args, err)) + _way_back_hint(args, err)

@@ -9,6 +9,7 @@ import numpy as np
 
 from spark_state import PROVIDER_CLASS
 from spark_state.errors import CheckpointError, SparkStateError
+from spark_state.keygroups import divides, owned_key_groups
 from spark_state.lifecycle.failures import explain
 from spark_state.lifecycle.health import StoreHealth, listings, store_health
 from spark_state.lifecycle.progress import Progress
@@ -64,7 +65,10 @@ def overview(location: str, *, options: Mapping[str, str] | Settings | None = No
         "problems": problems,
     }
     if provider != PROVIDER_CLASS:
-        if last is not None:
+        if last is not None and not operators and not problems:
+            out["note"] = (f"{ckpt.url} holds no state: its query has no stateful operator (no state/ directory), "
+                           f"so there is nothing to read or migrate.")
+        elif last is not None:
             runs_on = provider or "Spark's HDFS provider"
             out["note"] = (f"{ckpt.url} is not a spark_state checkpoint: it runs on {runs_on}, whose state "
                            f"spark-state does not read. `spark-state migrate {ckpt.url} NEW --to spark_state` "
@@ -176,7 +180,10 @@ def store_report(location: str, operator: int, partition: int, store: str = DEFA
                    **({"partition": f.partition, "modulus": f.modulus, "residue": f.residue} if f.is_slice else {}),
                    **({"image": {"path": f.image.path, "bytes": f.image.size}} if f.image is not None else {})}
                   for f in manifest.files],
-        "key_groups": _histogram(kg, manifest.max_parallelism),
+        # with N dividing M, partition p owns the key groups kg % N == p; otherwise ownership is per row
+        "key_groups": {**_histogram(kg, manifest.max_parallelism),
+                       "owned": len(owned_key_groups(partition, count, manifest.max_parallelism))
+                       if divides(count, manifest.max_parallelism) else None},
     }
 
 

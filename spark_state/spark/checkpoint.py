@@ -202,7 +202,9 @@ class SparkCheckpoint:
             raise CheckpointError(
                 f"{self.dir.url} is not a spark_state checkpoint: its offset log pins the state store provider "
                 f"{provider or 'of Spark (HDFSBackedStateStoreProvider)'}, not {PROVIDER_CLASS}. spark_state's "
-                f"tools work on queries that ran with spark_state.configure(...)."
+                f"tools work on queries that ran with spark_state.configure(...); `spark-state migrate "
+                f"{self.dir.url} NEW --to spark_state` writes a new checkpoint NEW that the query resumes from "
+                f"on spark_state."
             )
 
     def committed(self, batch: int | None = None) -> int:

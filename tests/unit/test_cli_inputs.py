@@ -259,3 +259,50 @@ def test_every_command_flag_and_argument_has_a_help_text():
     missing = [f"{name} {'/'.join(a.option_strings) or a.dest if a else '(a subcommand)'}"
                for name, a in _actions(_parser(), "spark-state") if a is None or not (a.help or "").strip()]
     assert not missing, f"--help shows these without a help text: {missing}"
+
+
+def _as_if_on_spark_s_provider(ckpt: Path) -> None:
+    """The checkpoint's offset log pinning Spark's own provider, as a query that never used spark_state."""
+    from spark_state import PROVIDER_CLASS
+
+    for f in (ckpt / "offsets").iterdir():
+        if f.is_file() and not f.name.startswith("."):
+            f.write_text(f.read_text().replace(PROVIDER_CLASS, HDFS_PROVIDER))
+            (f.parent / f".{f.name}.crc").unlink(missing_ok=True)
+
+
+HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+
+
+@pytest.mark.parametrize("command", [["validate"], ["inspect", "-o", "0", "-p", "0"], ["export", "{out}"],
+                                     ["changes"], ["savepoint", "--target", "{out}"], ["rescale", "4"]])
+def test_every_command_on_spark_s_provider_names_migrate_as_the_way_in(ckpt, tmp_path, command):
+    """Not only ``ls``: each command that cannot run on another provider's checkpoint says how to move it over."""
+    _as_if_on_spark_s_provider(ckpt)
+    args = [a.format(out=tmp_path / "out") for a in command]
+    line = _one_line_error(cli(args[0], ckpt, *args[1:], check=False))
+    assert "is not a spark_state checkpoint" in line and HDFS_PROVIDER in line, line
+    assert f"spark-state migrate file://{ckpt} NEW --to spark_state" in line, line
+
+
+def test_ls_of_a_query_without_state_says_there_is_nothing_to_migrate(ckpt):
+    """A stateless query on Spark's provider: no state/ directory, so no advice to migrate it."""
+    _as_if_on_spark_s_provider(ckpt)
+    shutil.rmtree(ckpt / "state")
+    code, out = cli_json("ls", ckpt)
+    assert code == 0 and out["operators"] == [] and not out["problems"], out
+    assert "holds no state" in out["note"] and "nothing to read or migrate" in out["note"], out["note"]
+    assert "migrate" not in cli("ls", ckpt).stdout.replace("nothing to read or migrate", ""), "advice to migrate"
+
+
+def test_inspect_counts_the_key_groups_the_partition_owns(ckpt):
+    """Partition p of N owns the key groups kg % N == p: of 100,800, partition 0 of 2 owns 50,400."""
+    code, out = cli_json("inspect", ckpt, "-o", "0", "-p", "0")
+    assert code == 0 and out["key_groups"]["owned"] == out["key_groups"]["max_parallelism"] // 2, out["key_groups"]
+    text = cli("inspect", ckpt, "-o", "0", "-p", "0").stdout
+    assert f"of the {out['key_groups']['owned']} key groups it owns" in text, text
+
+
+def test_traceback_asked_for_keeps_the_exit_status_of_a_command_that_could_not_run(tmp_path):
+    done = cli("ls", tmp_path / "nothing", "--traceback", check=False)
+    assert done.returncode == 2 and "Traceback" in done.stderr, (done.returncode, done.stderr[-2000:])
