@@ -156,13 +156,15 @@ def _show_ls(r: dict) -> None:
                   f"{r['files']} files, {_human(r['bytes'])}\n  taken from {r['source']}")
         return
     b = r["batches"]
-    con.print(f"checkpoint {r['location']}\n  query {r['query_id'] or '(unreadable)'}\n  provider {r['provider']}")
+    provider = r["provider"] or ("Spark's default (HDFSBackedStateStoreProvider)" if r.get("provider_known") else
+                                 "(unknown: no offset log could be read)")
+    con.print(f"checkpoint {r['location']}\n  query {r['query_id'] or '(unreadable)'}\n  provider {provider}")
     con.print(f"  batches: offsets {format_versions(b['offsets'])}; committed {format_versions(b['committed'])}; "
               f"restorable {format_versions(b['restorable'])}")
     if b["damaged"]:
         con.print(f"  damaged: {format_versions([d['batch'] for d in b['damaged']])} (batch {b['damaged'][0]['batch']}: "
                   f"{b['damaged'][0]['reason']}); spark-state validate names every bad file")
-    con.print(f"  partitions: {r['num_partitions']}")
+    con.print(f"  partitions: {r['num_partitions'] if r['num_partitions'] is not None else '(unknown)'}")
     for p in r["problems"]:
         con.print(f"  unreadable: {p['file']}: {p['message']}")
     if r.get("note"):

@@ -131,6 +131,14 @@ def _expected_clicks(files: list[list[dict]]) -> dict[str, int]:
     return totals
 
 
+def _cli_command() -> str:
+    """How to run spark-state from here: the script beside this Python (a venv not activated), else the module."""
+    script = Path(sys.executable).parent / "spark-state"
+    if shutil.which("spark-state") == str(script):
+        return "spark-state"
+    return str(script) if script.exists() else f"{sys.executable} -m spark_state"
+
+
 def _show_state_without_spark(console, workdir: Path, final: dict) -> bool:
     """The state files are typed tables: read them back with pandas (no Spark, no JVM) and check each user's
     stored click count equals the query's last output for that user."""
@@ -140,6 +148,8 @@ def _show_state_without_spark(console, workdir: Path, final: dict) -> bool:
     stored = {row["key"]["user"]: row["value"]["groupState"] for _, row in state.iterrows()}
     console.print("\nthe same state read without Spark: [bold]spark_state.read_state(checkpoint).to_pandas()[/bold]")
     console.print(state.head(3).to_string(), markup=False, soft_wrap=True)
+    if len(state) > 3:
+        console.print(f"... the first 3 of {len(state)} rows")
     wrong = {u: (s["clicks"], final.get(u, {}).get("clicks")) for u, s in stored.items()
              if s["clicks"] != final.get(u, {}).get("clicks")}
     if wrong or sorted(stored) != sorted(final):
@@ -235,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     if ok:
         console.print(f"\n[green]OK[/green]: every user's total after the restart equals all clicks of both runs; "
                       f"{len(closed)} quiet users' sessions timed out on event time after the restart.")
+        cli = _cli_command()
+        console.print(f"The work dir stays; look around its checkpoint with `{cli} ls {workdir / 'checkpoint'}` "
+                      f"(`{cli} --help` lists what else it does).", markup=False, soft_wrap=True)
         return 0
     console.print("\n[red]FAILED[/red]: state did not come back exactly")
     return 1

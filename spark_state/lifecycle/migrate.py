@@ -38,6 +38,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator, Mapping
 
 from spark_state import PROVIDER_CLASS
@@ -55,6 +56,20 @@ from spark_state.storage.layout import DEFAULT_STORE, STORE_ENTRIES, StoreId
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 #: The providers a checkpoint can be migrated from, by the names the results use.
+#: The local Spark's log configuration while it starts (setLogLevel("OFF") once it has): errors only, as a failure
+#: is raised and spark-state says it in one line. A driver started from Python counts as a shell: Spark gives the
+#: root the level of the gateway's logger (WARN unless configured) and prints two lines saying so, unless equal.
+QUIET_LOG4J = """rootLogger.level = error
+logger.repl.name = org.apache.spark.api.python.PythonGatewayServer
+logger.repl.level = error
+rootLogger.appenderRef.stderr.ref = stderr
+appender.console.type = Console
+appender.console.name = stderr
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
+"""
+
 SOURCES = {HDFS_PROVIDER: "hdfs", ROCKSDB_PROVIDER: "rocksdb", PROVIDER_CLASS: "spark_state"}
 #: The providers a checkpoint can be migrated to (``to=``).
 TARGETS = {"spark_state": PROVIDER_CLASS, "hdfs": HDFS_PROVIDER, "rocksdb": ROCKSDB_PROVIDER}
@@ -218,6 +233,10 @@ def _session() -> Iterator:
     builder = (SparkSession.builder.master("local[*]").appName("spark_state migrate")
                .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false"))
     with tempfile.TemporaryDirectory(prefix="spark-state-migrate-") as home, _launching_in(home):
+        # Spark's start-up warnings (a loopback hostname, no native Hadoop) would come before the one result line
+        quiet = Path(home, "log4j2.properties")
+        quiet.write_text(QUIET_LOG4J)
+        builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={quiet.as_uri()}")
         spark = spark_state.configure(builder, prestart_worker=False).getOrCreate()
         spark.sparkContext.setLogLevel("OFF")   # a failure is raised here, and spark-state says it in one line
         try:

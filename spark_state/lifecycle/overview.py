@@ -57,7 +57,7 @@ def overview(location: str, *, options: Mapping[str, str] | Settings | None = No
     operators = attempt("state", lambda: ckpt.operators, [])
     out = {
         "kind": "checkpoint", "location": ckpt.url, "query_id": query_id,
-        "provider": provider, "spark_state": provider == PROVIDER_CLASS,
+        "provider": provider, "provider_known": last is not None, "spark_state": provider == PROVIDER_CLASS,
         "batches": {"offsets": ckpt.offset_batches, "committed": ckpt.committed_batches,
                     "last": ckpt.last_batch, "last_committed": ckpt.last_committed, "restorable": [], "damaged": []},
         "num_partitions": partitions.get(last),

@@ -85,6 +85,16 @@ class Dir:
             return []
         return sorted({posixpath.basename(e.rstrip("/")) for e in entries if e.rstrip("/") != here})
 
+    def subdirs(self, rel: str = "") -> list[str]:
+        """Names of the directories directly below `rel` (on an object store: the common prefixes); [] when missing."""
+        here = self.full(rel).rstrip("/")
+        try:
+            entries = self.fs.ls(here, detail=True)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted({posixpath.basename(e["name"].rstrip("/")) for e in entries
+                       if e.get("type") == "directory" and e["name"].rstrip("/") != here})
+
     def files(self, rel: str = "") -> dict[str, int]:
         """Every file below `rel`, as path relative to this directory -> size."""
         # fsspec's walk omits what it cannot list: a directory it may not read would look empty (local disks;

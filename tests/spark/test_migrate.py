@@ -29,7 +29,7 @@ from spark_state.lifecycle.progress import Progress, Task
 from spark_state.options import PREFIX
 from spark_state.errors import CheckpointError
 from spark_state.format.manifest import Manifest
-from tests.support.lifecycle import cli_json
+from tests.support.lifecycle import cli, cli_json
 from tests.support.scenarios import SCENARIOS
 from tests.support.spark import NO_DATA_BATCHES, JsonStream, Query, arrow_rows, statestore_rows
 from tests.support.stores import open_stored
@@ -492,9 +492,13 @@ def test_a_real_transform_with_state_checkpoint_is_refused(spark, tmp_path):
 # ------------------------------------------------------------------------------------------ CLI
 
 def test_cli_migrates_in_a_local_spark_of_its_own_and_reports_json(stopped, tmp_path):
-    """No SparkSession in the child process: the command starts a local one, and prints one JSON document."""
-    code, out = cli_json("migrate", stopped.checkpoint, tmp_path / "ss")
+    """No SparkSession in the child process: the command starts a local one, and prints one JSON document, and
+    nothing else but the JVM's own line about its incubator modules (none of Spark's start-up warnings)."""
+    done = cli("migrate", stopped.checkpoint, tmp_path / "ss", "--json")
+    code, out = done.returncode, json.loads(done.stdout)
     assert code == 0 and out["ok"], out
+    assert [line for line in done.stderr.splitlines() if line.strip() and "incubator modules" not in line] == [], \
+        done.stderr
     assert out["batch"] == stopped.run_ends[-1] and out["source_provider"] == "hdfs"
     assert out["target_provider"] == "spark_state" and out["stores"] == 2 and out["rows"] == 4
     assert json.loads((tmp_path / "ss" / "metadata").read_text())["id"] == out["query_id"]

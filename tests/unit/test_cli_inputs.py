@@ -306,3 +306,18 @@ def test_inspect_counts_the_key_groups_the_partition_owns(ckpt):
 def test_traceback_asked_for_keeps_the_exit_status_of_a_command_that_could_not_run(tmp_path):
     done = cli("ls", tmp_path / "nothing", "--traceback", check=False)
     assert done.returncode == 2 and "Traceback" in done.stderr, (done.returncode, done.stderr[-2000:])
+
+
+def test_ls_names_only_directories_as_stores_and_says_what_it_could_not_read(ckpt):
+    """Without the operator's metadata, stores are the directories of its partitions; a file beside them (here
+    another provider's 1.delta) is none. A checkpoint whose logs are garbage shows "unknown", never "None"."""
+    shutil.rmtree(ckpt / "state" / "0" / "_metadata")
+    (ckpt / "state" / "0" / "0" / "1.delta").write_bytes(b"junk")
+    (ckpt / "state" / "0" / "1" / "left-keyToNumValues").mkdir()
+    code, out = cli_json("ls", ckpt)
+    assert code == 0 and out["operators"][0]["stores"] == ["default", "left-keyToNumValues"], out["operators"]
+    for f in (ckpt / "offsets").iterdir():
+        f.write_bytes(b"\x00garbage")
+    text = cli("ls", ckpt).stdout
+    assert "None" not in text, text
+    assert "provider (unknown: no offset log could be read)" in text and "partitions: (unknown)" in text, text
