@@ -53,9 +53,6 @@ from spark_state.spark.files import PROVIDER_CLASS_CONF, OffsetSeq, query_metada
 from spark_state.storage.directory import Dir
 from spark_state.storage.layout import DEFAULT_STORE, STORE_ENTRIES, StoreId
 
-HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
-ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-#: The providers a checkpoint can be migrated from, by the names the results use.
 #: The local Spark's log configuration while it starts (setLogLevel("OFF") once it has): errors only, as a failure
 #: is raised and spark-state says it in one line. A driver started from Python counts as a shell: Spark gives the
 #: root the level of the gateway's logger (WARN unless configured) and prints two lines saying so, unless equal.
@@ -70,6 +67,9 @@ appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
 """
 
+HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+#: The providers a checkpoint can be migrated from, by the names the results use.
 SOURCES = {HDFS_PROVIDER: "hdfs", ROCKSDB_PROVIDER: "rocksdb", PROVIDER_CLASS: "spark_state"}
 #: The providers a checkpoint can be migrated to (``to=``).
 TARGETS = {"spark_state": PROVIDER_CLASS, "hdfs": HDFS_PROVIDER, "rocksdb": ROCKSDB_PROVIDER}

@@ -247,12 +247,12 @@ class SparkCheckpoint:
         for part in self.dir.listdir(f"state/{op}"):
             if not part.isdigit():
                 continue
-            entries = self.dir.listdir(f"state/{op}/{part}")
+            # the default store's entries and each named store are directories; files beside them (another
+            # provider's 1.delta) are no store
+            entries = self.dir.subdirs(f"state/{op}/{part}")
             if any(e.startswith(STORE_ENTRIES) for e in entries):
                 names.add(DEFAULT_STORE)
-            # a named store is a directory; files beside them (another provider's 1.delta) are no store
-            names.update(e for e in self.dir.subdirs(f"state/{op}/{part}")
-                         if not e.startswith(STORE_ENTRIES) and not e.startswith(("_", ".")))
+            names.update(e for e in entries if not e.startswith(STORE_ENTRIES) and not e.startswith(("_", ".")))
         return tuple(sorted(names)) or (DEFAULT_STORE,)
 
     def stores(self, batch: int) -> list[StoreId]:

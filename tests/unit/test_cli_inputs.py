@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from spark_state.lifecycle.migrate import HDFS_PROVIDER
 from tests.support.lifecycle import cli, cli_json
 from tests.support.paths import FIXTURES
 
@@ -269,9 +270,6 @@ def _as_if_on_spark_s_provider(ckpt: Path) -> None:
         if f.is_file() and not f.name.startswith("."):
             f.write_text(f.read_text().replace(PROVIDER_CLASS, HDFS_PROVIDER))
             (f.parent / f".{f.name}.crc").unlink(missing_ok=True)
-
-
-HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 
 
 @pytest.mark.parametrize("command", [["validate"], ["inspect", "-o", "0", "-p", "0"], ["export", "{out}"],
