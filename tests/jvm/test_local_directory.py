@@ -6,6 +6,8 @@ deletes its folder, and never the folder of one that still runs, whatever its pr
 from __future__ import annotations
 
 import fcntl
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -73,3 +75,32 @@ def test_a_killed_executor_s_folder_is_deleted_by_the_next_one_and_a_running_one
         assert not theirs.exists(), "an executor that ends normally deletes its own folder"
     finally:
         held.close()
+
+
+def test_a_leftover_that_cannot_all_go_keeps_its_lock_file_to_be_tried_again(command, tmp_path):
+    """One file of a killed executor's folder resists deletion (immutable here; a busy NFS file, a permission
+    elsewhere): the rest goes, and the lock file stays, so the next executor tries again instead of skipping a
+    folder that has lost its mark."""
+    if shutil.which("chattr") is None:
+        pytest.skip("needs chattr")
+    root = tmp_path / "local"
+    dead = root / "spark-state-local-4242-c3"
+    (dead / "images").mkdir(parents=True)
+    (dead / ".lock").touch()
+    (dead / "images" / "gone.img").write_bytes(b"\0" * 4096)
+    stuck = dead / "images" / "stuck.img"
+    stuck.write_bytes(b"\0" * 4096)
+    if subprocess.run(["chattr", "+i", str(stuck)], capture_output=True).returncode != 0:
+        pytest.skip("this file system or user cannot make a file immutable")
+    try:
+        probe = command(root)
+        local_folder(probe)
+        probe.close()
+        assert not (dead / "images" / "gone.img").exists()
+        assert stuck.exists() and (dead / ".lock").exists(), "the lock file went before the folder could"
+    finally:
+        subprocess.run(["chattr", "-i", str(stuck)], capture_output=True)
+    probe = command(root)
+    local_folder(probe)
+    probe.close()
+    assert not dead.exists(), "the next executor did not finish the job"

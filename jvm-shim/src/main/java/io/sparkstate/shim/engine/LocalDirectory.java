@@ -11,6 +11,7 @@ import java.nio.file.Paths;
 import java.nio.file.StandardCopyOption;
 import java.nio.file.StandardOpenOption;
 import java.util.ArrayList;
+import java.util.Collections;
 import java.util.Comparator;
 import java.util.List;
 import java.util.concurrent.ThreadLocalRandom;
@@ -27,14 +28,18 @@ import org.apache.spark.util.Utils;
  *
  * <p>The JVM holds a lock on the folder's {@code .lock} for its life; the OS lets go of it when the process
  * ends, however it ends. The first use deletes every such folder whose lock can be taken: the folders of
- * executors that were killed (a SIGKILL runs no shutdown hook, and copies of images can be gigabytes). A
- * process id is no such test: containers sharing a disk reuse them. A folder gets its name only once its lock
- * is held, so no other executor ever sees it unlocked while its JVM runs.
+ * executors that were killed (a SIGKILL runs no shutdown hook, and copies of images can be gigabytes), found
+ * by the next executor of the application on the host (YARN and standalone give each application its own
+ * local directories). A process id is no such test: containers sharing a disk reuse them. A folder gets its
+ * name only once its lock is held, so no other executor ever sees it unlocked while its JVM runs. The lock
+ * is an OS file lock: a local directory on NFS mounted without locks would look unlocked to every host.
  */
 final class LocalDirectory {
   static final String PREFIX = "spark-state-local-";
   private static final String LOCK = ".lock";
   private static volatile LocalDirectory instance;
+  /** Channels to lock files this JVM holds through another copy of these classes: closing one would unlock it. */
+  private static final List<FileChannel> HELD_OPEN = Collections.synchronizedList(new ArrayList<>());
 
   final Path dir;
   /** Held for the JVM's life (never released: the OS does it). */
@@ -81,23 +86,51 @@ final class LocalDirectory {
     for (Path root : roots) {
       removeLeftovers(root);
     }
-    Path root = roots.get(ThreadLocalRandom.current().nextInt(roots.size()));
     String name = PREFIX + ProcessHandle.current().pid() + "-";
+    Collections.shuffle(roots);   // spread executors over the disks, as Spark does; skip one that refuses
+    for (Path root : roots) {
+      LocalDirectory made = lockedFolder(root, name);
+      if (made != null) {
+        return made;
+      }
+    }
+    // no disk gives a locked folder: one of this process all the same, left to the shutdown hook (a kill leaks it)
+    Path dir = roots.get(0).resolve(name + Long.toHexString(ThreadLocalRandom.current().nextLong() >>> 1));
+    Runtime.getRuntime().addShutdownHook(new Thread(() -> deleteTree(dir), "spark-state-local-cleanup"));
+    return new LocalDirectory(dir, null);
+  }
+
+  /**
+   * A folder under {@code root} named once its lock is held (made under a dot name first, which no cleanup
+   * looks at); null, leaving nothing behind, when the disk refuses the folder or the lock.
+   */
+  private static LocalDirectory lockedFolder(Path root, String name) {
+    Path staging = null;
+    FileChannel channel = null;
     try {
       Files.createDirectories(root);
-      Path staging = Files.createTempDirectory(root, "." + name);
-      FileChannel channel = FileChannel.open(staging.resolve(LOCK), StandardOpenOption.CREATE,
-          StandardOpenOption.WRITE);
-      FileLock lock = channel.lock();
+      staging = Files.createTempDirectory(root, "." + name);
+      channel = FileChannel.open(staging.resolve(LOCK), StandardOpenOption.CREATE, StandardOpenOption.WRITE);
+      FileLock lock = channel.tryLock();   // never blocks (a lock daemon that does not answer)
+      if (lock == null) {
+        throw new IOException("the lock of a new folder is held by another process");
+      }
       Path dir = root.resolve(name + staging.getFileName().toString().substring(1 + name.length()));
       Files.move(staging, dir, StandardCopyOption.ATOMIC_MOVE);
       Runtime.getRuntime().addShutdownHook(new Thread(() -> deleteTree(dir), "spark-state-local-cleanup"));
       return new LocalDirectory(dir, lock);
     } catch (IOException | RuntimeException e) {
-      // no lock (a disk that refuses it): a folder of this process all the same, left to the shutdown hook
-      Path dir = root.resolve(name + Long.toHexString(ThreadLocalRandom.current().nextLong()));
-      Runtime.getRuntime().addShutdownHook(new Thread(() -> deleteTree(dir), "spark-state-local-cleanup"));
-      return new LocalDirectory(dir, null);
+      if (channel != null) {
+        try {
+          channel.close();
+        } catch (IOException ignored) {
+          // gone with the folder
+        }
+      }
+      if (staging != null) {
+        deleteTree(staging);
+      }
+      return null;
     }
   }
 
@@ -128,17 +161,51 @@ final class LocalDirectory {
         if (!Files.isRegularFile(lockFile)) {
           continue;   // no lock file: not a folder this code made (it names a folder only once it is locked)
         }
-        try (FileChannel channel = FileChannel.open(lockFile, StandardOpenOption.WRITE)) {
+        FileChannel channel;
+        try {
+          channel = FileChannel.open(lockFile, StandardOpenOption.WRITE);
+        } catch (IOException | RuntimeException e) {
+          continue;
+        }
+        boolean close = true;
+        try {
           FileLock taken = channel.tryLock();
           if (taken != null) {
-            deleteTree(d);   // the lock goes with the channel
+            deleteLeftover(d);
           }
-        } catch (IOException | OverlappingFileLockException e) {
-          // locked by this JVM, or unreadable: not a leftover to delete
+        } catch (OverlappingFileLockException e) {
+          // this JVM holds it (a second copy of these classes, another class loader): closing this channel
+          // would drop that lock too (POSIX locks are the process's), so it stays open
+          close = false;
+          HELD_OPEN.add(channel);
+        } catch (IOException | RuntimeException e) {
+          // unreadable: not a leftover to delete
+        } finally {
+          if (close) {
+            try {
+              channel.close();   // lets go of the lock taken, after the folder went
+            } catch (IOException ignored) {
+              // nothing to flush
+            }
+          }
         }
       }
     } catch (IOException | RuntimeException e) {
       // best effort: leftovers of dead executors only take disk space
+    }
+  }
+
+  /** A dead executor's folder, its lock file last: a folder that could not all go keeps it, to be tried again. */
+  private static void deleteLeftover(Path d) throws IOException {
+    try (Stream<Path> files = Files.walk(d)) {
+      files.sorted(Comparator.reverseOrder()).filter(f -> !f.equals(d) && !f.equals(d.resolve(LOCK)))
+          .forEach(f -> f.toFile().delete());
+    }
+    try (Stream<Path> left = Files.list(d)) {
+      if (left.allMatch(f -> f.getFileName().toString().equals(LOCK))) {
+        Files.deleteIfExists(d.resolve(LOCK));
+        Files.deleteIfExists(d);
+      }
     }
   }
 
