@@ -136,6 +136,11 @@ def _console():
     return Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 
 
+def _count(n: int, noun: str) -> str:
+    """``1 row``, ``2 rows``: a count with its noun (plural in ``s``, as every noun printed here is)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _human(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -193,7 +198,7 @@ def _show_inspect(r: dict) -> None:
     owned = kg.get("owned")
     of = f"the {owned} key groups it owns" if owned is not None else f"{kg['max_parallelism']} key groups"
     con.print(f"store operator {r['operator']}, partition {r['partition']}, {r['store']}: version {r['version']} "
-              f"(batch {r['batch']}), {r['rows']} rows in {kg['key_groups_with_rows']} of {of}\n  {r['root']}")
+              f"(batch {r['batch']}), {_count(r['rows'], 'row')} in {kg['key_groups_with_rows']} of {of}\n  {r['root']}")
     chain = Table(title="chain (oldest first)", box=None, pad_edge=False, title_justify="left")
     for col in ("kind", "version", "rows", "bytes", "checksum", "path"):
         chain.add_column(col)
@@ -270,8 +275,8 @@ def _run(args) -> tuple[object, Callable[[object], None], int]:
 
         r = export(args.location, args.output, batch=args.batch, operators=args.operator, options=options,
                    progress=progress)
-        return r, lambda r: print(f"exported batch {r.batch}: {r.rows} rows in {r.files} Parquet files under "
-                                  f"{r.output}"), EXIT_OK
+        return r, lambda r: print(f"exported batch {r.batch}: {_count(r.rows, 'row')} in "
+                                  f"{_count(r.files, 'Parquet file')} under {r.output}"), EXIT_OK
     if args.command == "changes":
         return _changes(args, options), _show_changes, EXIT_OK
     if args.command == "savepoint":
@@ -301,8 +306,8 @@ def _run(args) -> tuple[object, Callable[[object], None], int]:
         r = migrate(args.checkpoint, args.target, args.to, options=options, progress=progress)
         return r, lambda r: print(f"migrated batch {r.batch} of {r.source} ({r.source_provider}) into {r.location} "
                                   f"({r.target_provider}, new query id {r.query_id}): {r.stores} store partitions, "
-                                  f"{r.rows} rows, {_human(r.bytes)} in {r.seconds:.1f} s; start the query there to "
-                                  f"resume with batch {r.batch + 1}"), EXIT_OK
+                                  f"{_count(r.rows, 'row')}, {_human(r.bytes)} in {r.seconds:.1f} s; start the query "
+                                  f"there to resume with batch {r.batch + 1}"), EXIT_OK
     raise AssertionError(args.command)
 
 
@@ -316,14 +321,19 @@ def _changes(args, options) -> dict:
     from spark_state.lifecycle.reading import read_changes
     from spark_state.storage.directory import Dir
 
+    if args.output:   # checked before the checkpoint is read: a wrong name should not cost a read
+        parent, _, name = args.output.rstrip("/").rpartition("/")
+        if not name.lower().endswith(".parquet"):
+            raise CheckpointError(f"OUTPUT {args.output!r} must be a .parquet file (changes writes Parquet); "
+                                  f"name one, e.g. changes.parquet, or leave it out to print the rows "
+                                  f"(--json for JSON).")
+        out = Dir(parent or ".")
+        if out.exists(name):
+            raise CheckpointError(f"refusing to overwrite {args.output}; give a new file.")
     table = read_changes(args.location, args.operator, args.store, args.start_batch, args.end_batch, args.partition,
                          options=options)
     result = {"operator": args.operator, "rows": table.num_rows}
     if args.output:
-        parent, _, name = args.output.rstrip("/").rpartition("/")
-        out = Dir(parent or ".")
-        if out.exists(name):
-            raise CheckpointError(f"refusing to overwrite {args.output}; give a new file.")
         sink = io.BytesIO()
         pq.write_table(table, sink, compression="zstd")
         out.copy_in(name, sink.getvalue())
@@ -337,7 +347,7 @@ def _show_changes(r: dict) -> None:
     from rich.table import Table
 
     if "output" in r:
-        print(f"wrote {r['rows']} changes of operator {r['operator']} to {r['output']}")
+        print(f"wrote {_count(r['rows'], 'change')} of operator {r['operator']} to {r['output']}")
         return
     table = Table(box=None, pad_edge=False)
     for col in ("batch_id", "change_type", "key", "value", "partition_id"):

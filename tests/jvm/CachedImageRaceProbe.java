@@ -158,8 +158,42 @@ public class CachedImageRaceProbe {
   }
 
   public static void main(String[] args) throws Exception {
-    System.out.println(args.length > 0 && args[0].equals("dropped") ? dropped() : lost());
+    String scenario = args.length > 0 ? args[0] : "lost";
+    System.out.println(scenario.equals("dropped") ? dropped() : scenario.equals("idle") ? idle() : lost());
     System.exit(0);
+  }
+
+  /**
+   * A bound of 4 pages: an idle image holds 1, an open one 3. Room for 2 more pages of the open one cannot be
+   * made by evicting the idle one, so it must stay (a later restore of it reads it locally); room for 1 can.
+   */
+  static String idle() throws Exception {
+    int page = ImageCache.PAGE;
+    byte[] image = new byte[4 * page];
+    HeldReader reader = new HeldReader(image);
+    ImageCache cache = new ImageCache();
+    cache.setCapacity(4L * page);
+    RemoteSource a = cache.open(new RemoteImage("a.img", "c0", image.length, new long[0], new long[0],
+        new byte[0][], reader));
+    CachedImage idle = a.image();
+    if (!cache.reserve(idle, page)) {
+      return "BAD no room for the first page";
+    }
+    a.close();
+    RemoteSource b = cache.open(new RemoteImage("b.img", "c1", image.length, new long[0], new long[0],
+        new byte[0][], reader));
+    if (!cache.reserve(b.image(), 3L * page)) {
+      return "BAD no room for 3 pages beside the idle one";
+    }
+    boolean tooMuch = cache.reserve(b.image(), 2L * page);
+    String after;
+    synchronized (cache) {
+      after = tooMuch + " " + idle.dropped + " " + idle.reserved / page;
+    }
+    boolean fits = cache.reserve(b.image(), page);
+    synchronized (cache) {
+      return "OK " + after + " " + fits + " " + idle.dropped + " " + cache.usedBytes() / page;
+    }
   }
 
   static String lost() throws Exception {

@@ -182,6 +182,10 @@ public class EngineProbe {
           case "filters":
             answer = filters();
             break;
+          case "local":   // this JVM's local folder, made (leftovers of killed executors deleted) at first use
+            LocalDirectory.newSpillFile();
+            answer = "OK " + LocalDirectory.get().dir;
+            break;
           default:
             answer = "ERR unknown command " + a[0];
         }
@@ -397,7 +401,7 @@ public class EngineProbe {
         } catch (java.io.IOException e) {
           continue;   // the listing's own descriptor, closed by now
         }
-        if (target.contains("spark-state-spill-") && target.endsWith(" (deleted)")) {
+        if (target.contains("/spill/state-") && target.endsWith(" (deleted)")) {
           runs.put(fd, target.substring(0, target.length() - " (deleted)".length()));
         }
       }
@@ -567,10 +571,10 @@ public class EngineProbe {
       s.map.endBatch();
       s.layered().spill();
       s.layered().awaitMerges(60_000);
-      try (Stream<Path> files = Files.walk(SpillDirectory.get())) {
+      try (Stream<Path> files = Files.walk(LocalDirectory.get().spill())) {
         files.sorted(Comparator.reverseOrder()).forEach(f -> f.toFile().delete());
       }
-      if (Files.exists(SpillDirectory.get())) {
+      if (Files.exists(LocalDirectory.get().spill())) {
         return "BAD the spill directory could not be deleted";
       }
     }

@@ -103,7 +103,7 @@ def test_a_damaged_run_fails_the_read_naming_it_never_answers_wrong(probe, mode,
     assert (int(left), int(still_open)) == (0, 0), \
         f"closed stores still charge {left} bytes and hold {still_open} runs open (a failed scan kept its runs)"
     message = " ".join(message)
-    assert says in message and "spark-state-spill-" in message and ".img" in message, message
+    assert says in message and "/spill/state-" in message and ".img" in message, message
     assert "reload its state from the checkpoint" in message, message
 
 

@@ -279,6 +279,14 @@ def test_a_lookup_waiting_on_a_fill_of_an_evicted_image_fetches_its_page_itself(
     assert reply[:3] == ["reserved", "0", "131072"] and reply[-1] == "true", reply
 
 
+def test_an_idle_copy_is_evicted_only_when_that_makes_room(classes, tmp_path):
+    """Bound 4 pages, an idle copy holds 1 and an open one 3: 2 more pages do not fit even without the idle copy,
+    so it stays (evicting it would only cost its next restore a fetch); 1 more page fits by evicting it."""
+    too_much, dropped, kept, fits, dropped_then, used = race(classes, tmp_path, "idle", 65536)
+    assert (too_much, dropped, kept) == ("false", "false", "1"), "the idle copy was evicted for nothing"
+    assert (fits, dropped_then, used) == ("true", "true", "4")
+
+
 def test_the_cache_is_bounded_and_evicts_the_least_recently_used_idle_copy(endpoint, classes, tmp_path):
     root = s3_root(endpoint)
     probe = Probe(classes, tmp_path, "-Dspark_state.imageCachePage=4096")

@@ -182,9 +182,10 @@ def test_changes_writes_parquet_prints_json_and_matches_read_changes(finished, t
     assert code == 0 and out["rows"] == table.num_rows
     assert [(r["batch_id"], r["change_type"], r["key"], r["partition_id"]) for r in out["changes"]] == \
         [(r["batch_id"], r["change_type"], r["key"], r["partition_id"]) for r in table.to_pylist()]
-    cli("changes", finished.checkpoint, tmp_path / "changes.parquet", "--start-batch", "1", "-p", "1")
+    wrote = cli("changes", finished.checkpoint, tmp_path / "changes.parquet", "--start-batch", "1", "-p", "1").stdout
     assert pq.read_table(tmp_path / "changes.parquet").equals(
         spark_state.read_changes(finished.checkpoint, start_batch=1, partitions=[1]))
+    assert f"wrote {pq.read_metadata(tmp_path / 'changes.parquet').num_rows} changes of operator 0 to " in wrote, wrote
     done = cli("changes", finished.checkpoint, tmp_path / "changes.parquet", check=False)
     assert done.returncode == 2 and "refusing to overwrite" in done.stderr
     assert "update" in cli("changes", finished.checkpoint, "--end-batch", "1").stdout

@@ -213,7 +213,7 @@ def spill_runs(pid: int) -> dict[str, str]:
             target = os.readlink(fd)
         except OSError:
             continue
-        if "spark-state-spill-" in target and target.endswith(" (deleted)"):
+        if "/spill/state-" in target and target.endswith(" (deleted)"):
             runs[str(fd)] = target[:-len(" (deleted)")]
     return runs
 
@@ -258,6 +258,13 @@ def test_a_damaged_spill_run_fails_the_batch_clearly_and_the_rerun_reloads_exact
     with pytest.raises(QueryFailed) as failed:
         query.run()
     assert damaged, "batch 0 left no spill run open: nothing was damaged"
+    # runs live in the executor's own folder directly under a local dir Spark is configured with, where the next
+    # executor on the host finds it if this one is killed (not in Spark's per-JVM spark-<uuid> folder)
+    local_dirs = {str(Path(d)) for d in spark._jvm.org.apache.spark.util.Utils.getConfiguredLocalDirs(
+        spark.sparkContext._jsc.sc().getConf())}
+    folders = {Path(p).parent.parent for p in damaged}
+    assert all(f.name.startswith("spark-state-local-") and str(f.parent) in local_dirs for f in folders), \
+        (folders, local_dirs)
     message = failed.value.message
     assert "corrupt" in message and any(Path(p).name in message for p in damaged), message
     assert 1 not in query.outputs, "batch 1 gave an output over damaged runs"

@@ -319,3 +319,17 @@ def test_ls_names_only_directories_as_stores_and_says_what_it_could_not_read(ckp
     text = cli("ls", ckpt).stdout
     assert "None" not in text, text
     assert "provider (unknown: no offset log could be read)" in text and "partitions: (unknown)" in text, text
+
+
+def test_changes_refuses_an_output_that_is_not_parquet_before_reading(ckpt, tmp_path):
+    """changes writes Parquet: a .txt or .csv name would get Parquet bytes under a name that says otherwise."""
+    for name in ("out.txt", "out.csv", "out"):
+        line = _one_line_error(cli("changes", ckpt, tmp_path / name, check=False))
+        assert "must be a .parquet file" in line and "changes.parquet" in line, line
+        assert not (tmp_path / name).exists()
+
+
+def test_counts_say_one_row_not_one_rows():
+    from spark_state.cli import _count
+
+    assert [_count(n, "row") for n in (0, 1, 2)] == ["0 rows", "1 row", "2 rows"]

@@ -123,8 +123,12 @@ final class CachedImage {
   /** Closes the file (the image went idle, or is dropped); its pages stay as they are on disk. */
   synchronized void closeFile() {
     if (raf != null) {
+      // under the file's lock, as every read and write of it is: closed under a write that has taken the
+      // descriptor's number, the number could be reused by a file opened meanwhile and the bytes land there
       try {
-        raf.close();
+        synchronized (raf) {
+          raf.close();
+        }
       } catch (IOException ignored) {
         // nothing to flush: the copy is a cache
       }
@@ -187,6 +191,9 @@ final class CachedImage {
     int p1 = pageOf(position + length - 1);
     Map<Integer, byte[]> loose = new HashMap<>();
     for (int attempt = 1; ; attempt++) {
+      if (attempt > 1) {
+        fetchLoose(p0, p1, reader, loose);
+      }
       Claim mine;
       synchronized (this) {
         mine = claim(p0, p1, loose);
@@ -225,6 +232,9 @@ final class CachedImage {
    */
   private synchronized boolean awaitPages(int p0, int p1, Map<Integer, byte[]> loose) throws IOException {
     for (int p = p0; p <= p1; p++) {
+      if (loose.containsKey(p)) {
+        continue;   // held already: whoever fetches it now is not waited for
+      }
       while (state[p] == FETCHING) {
         try {
           wait();
@@ -385,7 +395,36 @@ final class CachedImage {
     if (fetchCached(mine, reader)) {
       return;
     }
-    long[][] ranges = ranges(mine.pages, Integer.MAX_VALUE);
+    try {
+      fetchInto(mine.pages, reader, loose);
+    } finally {
+      release(mine);
+    }
+  }
+
+  /**
+   * The pages of [p0, p1] neither present nor held in {@code loose}, fetched into it without a claim: a read
+   * that lost its pages once (another thread's fetch kept them nowhere, the copy shrank, the image was
+   * dropped) does not wait behind another claim, so only a copy that keeps losing the present pages fails it.
+   */
+  private void fetchLoose(int p0, int p1, RangeReader reader, Map<Integer, byte[]> loose) throws IOException {
+    int[] wanted = new int[p1 - p0 + 1];
+    int n = 0;
+    synchronized (this) {
+      for (int p = p0; p <= p1; p++) {
+        if (state[p] != PRESENT && !loose.containsKey(p)) {
+          wanted[n++] = p;
+        }
+      }
+    }
+    if (n > 0) {
+      fetchInto(Arrays.copyOf(wanted, n), reader, loose);
+    }
+  }
+
+  /** Fetches these pages (sorted) from the checkpoint into {@code loose}, keeping none in the copy. */
+  private void fetchInto(int[] sortedPages, RangeReader reader, Map<Integer, byte[]> loose) throws IOException {
+    long[][] ranges = ranges(sortedPages, Integer.MAX_VALUE);
     try {
       reader.fetch(ranges[0], ranges[1], in -> {
         DataInputStream data = new DataInputStream(in);
@@ -399,8 +438,6 @@ final class CachedImage {
       });
     } catch (RuntimeException e) {
       throw new IOException(e.getMessage(), e);
-    } finally {
-      release(mine);
     }
   }
 

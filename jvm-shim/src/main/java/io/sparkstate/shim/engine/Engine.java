@@ -76,7 +76,7 @@ public final class Engine {
    * caller unlinks once open (spooled changes).
    */
   public Path newLocalFile() throws IOException {
-    return SpillDirectory.newFile();
+    return LocalDirectory.newSpillFile();
   }
 
   private static PrefixIndex prefixIndex(StoreSpec spec) {

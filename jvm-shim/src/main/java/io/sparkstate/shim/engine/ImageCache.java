@@ -2,13 +2,10 @@ package io.sparkstate.shim.engine;
 
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
-import java.nio.file.DirectoryStream;
 import java.nio.file.Files;
 import java.nio.file.Path;
-import java.nio.file.Paths;
 import java.security.MessageDigest;
 import java.security.NoSuchAlgorithmException;
-import java.util.Comparator;
 import java.util.HashMap;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
@@ -16,21 +13,20 @@ import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
-import java.util.stream.Stream;
 
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
  * The executor's local copies of row images that live on remote checkpoint storage (issue 38): one sparse
- * file per image under a directory beside the spill directory (Spark's {@code spark.local.dir}), shared by
+ * file per image in the executor's local folder ({@link LocalDirectory}, on a disk of Spark's), shared by
  * every store of the executor, bounded in bytes ({@code rowImages.cacheSize}; default half the free space
  * of that disk), evicting the least recently used images no store reads. A store restored over a remote
  * image reads the pages its lookups need by range (through the worker) and the rest arrives in the
  * background: a few fill loops per image, each fetching up to {@link #FILL_BYTES} per request in ranges of
  * {@link #RANGE_BYTES} that the worker reads at once. The copies are a cache: they may be evicted, lost or
- * damaged at any moment and are fetched again (see {@link CachedImage}); the directory is deleted when the
- * JVM exits, and an executor that died leaves one the next executor on the host deletes.
+ * damaged at any moment and are fetched again (see {@link CachedImage}); the folder is deleted when the
+ * JVM exits, and the next executor on the host deletes the folder of one that was killed.
  */
 final class ImageCache {
   private static final Logger LOG = LoggerFactory.getLogger(ImageCache.class);
@@ -57,7 +53,6 @@ final class ImageCache {
   static final int FILL_THREADS = Math.max(1, Integer.getInteger("spark_state.imageFillThreads", 4));
   /** Idle images whose page states the cache remembers at most (their files' pages count against the bound). */
   static final int MAX_IDLE = 1024;
-  private static final String PREFIX = "spark-state-cache-";
 
   private final Map<String, CachedImage> images = new HashMap<>();
   private final ExecutorService fill = Executors.newFixedThreadPool(FILL_THREADS, r -> {
@@ -111,17 +106,10 @@ final class ImageCache {
     return requests.get();
   }
 
-  /** Where the copies live: a directory of this JVM beside the spill directory. */
+  /** Where the copies live: this executor's local folder ({@link LocalDirectory}). */
   synchronized Path directory() {
     if (dir == null) {
-      Path root = SpillDirectory.get().getParent();
-      if (root == null) {
-        root = Paths.get(System.getProperty("java.io.tmpdir"));
-      }
-      removeLeftovers(root);
-      dir = root.resolve(PREFIX + ProcessHandle.current().pid());
-      Path d = dir;
-      Runtime.getRuntime().addShutdownHook(new Thread(() -> deleteTree(d), "spark-state-cache-cleanup"));
+      dir = LocalDirectory.get().images();
     }
     return dir;
   }
@@ -169,6 +157,15 @@ final class ImageCache {
       return false;
     }
     long cap = capacity();
+    if (used + bytes > cap) {
+      long idle = 0;
+      for (CachedImage c : images.values()) {
+        idle += c != image && c.users == 0 ? c.reserved : 0;
+      }
+      if (used - idle + bytes > cap) {
+        return false;   // evicting every idle image would not make room: keep them for later restores
+      }
+    }
     while (used + bytes > cap) {
       CachedImage victim = null;
       for (CachedImage c : images.values()) {
@@ -297,28 +294,6 @@ final class ImageCache {
       return sb.append(".img").toString();
     } catch (NoSuchAlgorithmException e) {
       throw new IllegalStateException(e);
-    }
-  }
-
-  /** Deletes the cache directories of JVMs that no longer run (a killed executor leaves its copies). */
-  private static void removeLeftovers(Path root) {
-    try (DirectoryStream<Path> dirs = Files.newDirectoryStream(root, PREFIX + "*")) {
-      for (Path d : dirs) {
-        String pid = d.getFileName().toString().substring(PREFIX.length());
-        if (pid.matches("\\d+") && ProcessHandle.of(Long.parseLong(pid)).isEmpty()) {
-          deleteTree(d);
-        }
-      }
-    } catch (IOException | RuntimeException e) {
-      // best effort: leftovers of dead executors only take disk space
-    }
-  }
-
-  private static void deleteTree(Path d) {
-    try (Stream<Path> files = Files.walk(d)) {
-      files.sorted(Comparator.reverseOrder()).forEach(f -> f.toFile().delete());
-    } catch (IOException | RuntimeException e) {
-      // best effort
     }
   }
 }

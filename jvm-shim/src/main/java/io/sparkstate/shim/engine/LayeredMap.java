@@ -743,7 +743,7 @@ final class LayeredMap implements StateMap {
     } catch (IOException | RuntimeException e) {
       failedSpillBytes = mine;
       LOG.warn("spark_state: cannot spill {} bytes of state rows to {} ({}); keeping them on the heap", mine,
-          SpillDirectory.get(), e.toString());
+          LocalDirectory.get().spill(), e.toString());
     }
   }
 
@@ -796,7 +796,7 @@ final class LayeredMap implements StateMap {
         if (count == 0) {
           continue;
         }
-        Path file = SpillDirectory.newFile();
+        Path file = LocalDirectory.newSpillFile();
         try {
           try (RowImageWriter out = new RowImageWriter(file, RowImageWriter.DEFAULT_BLOCK_BYTES, true, count)) {
             for (int p : sorted) {
@@ -938,7 +938,7 @@ final class LayeredMap implements StateMap {
     long t0 = System.nanoTime();
     Run merged = null;
     try {
-      Path file = SpillDirectory.newFile();
+      Path file = LocalDirectory.newSpillFile();
       long written;
       try {
         try (RowImageWriter out = new RowImageWriter(file, RowImageWriter.DEFAULT_BLOCK_BYTES, true, expected)) {
