@@ -42,6 +42,15 @@ _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
+def _drop_copy(image: ImageFile) -> None:
+    """Deletes a downloaded copy of a row image (``temporary``); a local checkpoint's own image is left alone."""
+    if image.temporary and image.path:
+        try:
+            os.unlink(image.path)
+        except OSError:
+            pass
+
+
 def _read_pool() -> ThreadPoolExecutor:
     """One pool for the process, made on first use (it only waits on storage; nothing in it waits on it)."""
     global _pool
@@ -274,7 +283,11 @@ class ChainReader:
             else:
                 image = self._image_file(base.image, cache_dir)
                 if image is not None:
-                    changes = self._changes(version, chain, tally)
+                    try:
+                        changes = self._changes(version, chain, tally)
+                    except BaseException:
+                        _drop_copy(image)   # a downloaded copy nobody will open: Spark's retries would pile them up
+                        raise
                 image_bytes = image.size if image is not None and image.temporary else 0
             if image is None:
                 return self.load_checked(version, known_commit_id, ordered=False, lineage=lineage)
@@ -323,7 +336,11 @@ class ChainReader:
                 os.makedirs(cache_dir, mode=0o700, exist_ok=True)
                 fd, local = tempfile.mkstemp(suffix=".img", dir=cache_dir)
                 os.close(fd)
-                storage.download(image.path, local)
+                try:
+                    storage.download(image.path, local)
+                except BaseException:
+                    _drop_copy(ImageFile(local, image.rows, image.size, True))
+                    raise
             size = os.path.getsize(local)
         except (OSError, SparkStateError) as err:
             log.warning("row image %s/%s of %s cannot be opened (%s); loading the rows instead", storage.root,

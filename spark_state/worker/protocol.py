@@ -26,7 +26,7 @@ _U64 = struct.Struct(">Q")
 _READ_CHUNK = 1 << 20
 
 
-def _read_exact(stream: BinaryIO, n: int) -> bytes:
+def _read_exact(stream: BinaryIO, n: int) -> bytes | bytearray:
     if n <= _READ_CHUNK:
         data = stream.read(n)
         if data is None or len(data) != n:
@@ -38,7 +38,7 @@ def _read_exact(stream: BinaryIO, n: int) -> bytes:
         if not chunk:
             raise EOFError(f"connection closed after {len(out)} of {n} bytes")
         out += chunk
-    return bytes(out)
+    return out   # not bytes(out): a copy would hold a large body twice (bodies are read, never changed)
 
 
 def read_frame(stream: BinaryIO, *, max_header: int = MAX_HEADER,

@@ -167,7 +167,8 @@ class Dispatcher:
         keep = _optional_int(header, "minVersionsToRetain")
         full = bool(header.get("full", False))
         started = time.perf_counter()
-        store = self._store(header)
+        keys = _optional_count(header, "keys")   # every field checked before a stream is taken: once taken, only
+        store = self._store(header)                # the commit below discards it
         staged = None
         if header.get("stream") is not None:
             if full:
@@ -175,7 +176,7 @@ class Dispatcher:
             staged = self.streams.take(_stream_field(header), _int_field(header, "chunks"), store, version)
         result = store.commit(version, changes, base_commit_id=base, min_versions_to_retain=keep, full=full,
                               repeated_keys=bool(header.get("repeatedKeys")), staged=staged,
-                              keys=_optional_count(header, "keys"), lineage=bool(header.get("lineage")))
+                              keys=keys, lineage=bool(header.get("lineage")))
         if result.compaction_due:   # at once, in the background; a waiting compaction takes the newer version
             self.background.submit(("compaction", store), store.compact, version, max)
         # "files": what a commit writes, a data file and a manifest (a field of protocol 1, kept for the shim)
@@ -312,6 +313,13 @@ class _Connection(socketserver.StreamRequestHandler):
     """One shim connection: hello first, then request/response frames until EOF."""
 
     wbufsize = 1 << 16
+
+    def finish(self):
+        """Flushes and closes; a peer gone mid-reply (a task killed during a large load) is no error to log."""
+        try:
+            super().finish()
+        except OSError:
+            pass
 
     def handle(self):
         dispatcher: Dispatcher = self.server.dispatcher

@@ -55,7 +55,11 @@ class StreamRegistry:
             raise StreamLost(f"the {chunks} chunk(s) streamed for {store.name} version {version} are not in this "
                              f"worker (it was restarted, or the stream expired); send them again")
         staged = entry
-        self._check(stream, staged, store, version)
+        try:
+            self._check(stream, staged, store, version)
+        except BaseException:
+            staged.discard()   # out of the registry now: no abort could find it
+            raise
         if not staged.counted(chunks):
             staged.discard()
             raise StreamLost(f"stream {stream} of {store.name} version {version} holds {staged.chunks} of the "

@@ -171,6 +171,19 @@ def test_range_reads_off_downloads_and_local_checkpoints_are_read_in_place(bucke
     assert lazily(local, 6, tmp_path / "cache2") == row_bytes(typed(live))
 
 
+def test_a_download_whose_load_fails_is_deleted(bucket, tmp_path):
+    """A load that downloaded the image, then could not read a change after it (a delta gone): the copy, as big
+    as the snapshot, does not stay in the worker's directory (each of Spark's retries would add one)."""
+    store, _ = compacted_store(f"s3://{bucket}/{uuid.uuid4().hex}", row_image_range_reads=False)
+    chain = store.reader.view(6).chain
+    assert chain[0].image is not None and len(chain) > 1
+    store.storage.delete_files([chain[-1].path])
+    cache = tmp_path / "cache"
+    with pytest.raises(StorageError):
+        store.load_lazy(6, cache_dir=str(cache), ranges=True)
+    assert cache.is_dir() and not list(cache.iterdir()), list(cache.iterdir())
+
+
 def test_a_remote_load_reads_manifest_and_compaction_record_at_once(bucket):
     store, _ = compacted_store(f"s3://{bucket}/{uuid.uuid4().hex}")
     storage: FileSystemCheckpointStorage = store.storage

@@ -237,3 +237,53 @@ def test_key_counts_through_the_socket(worker, tmp_path):
         assert not resp["ok"] and resp["kind"] == "ProtocolError" and "'keys' must be an integer" in resp["error"]
     resp, _ = conn.request({"op": "latest", **base})
     assert resp["version"] == 3
+
+
+def test_a_streamed_commit_refused_for_its_header_keeps_no_stray_file_and_abort_still_finds_it(tmp_path):
+    """A commit that names a stream but is refused (a bad count, or a stream of another version) must not leave
+    the staged data file in no registry: refused before the stream is taken, the stream stays for the shim's
+    abort; refused once taken, its file goes with it."""
+    from spark_state.errors import ProtocolError
+    from spark_state.worker.server import Dispatcher
+
+    d = Dispatcher("s", cache_dir=str(tmp_path / "images"))
+    base = {"store": _store(tmp_path), "options": {"storage": "filesystem"}}
+    shared = tmp_path / "ckpt" / "state" / "0" / "1" / "shared"
+
+    def staged_files() -> list[Path]:
+        return [p for p in shared.rglob("*") if p.is_file()] if shared.exists() else []
+
+    chunk = table_to_ipc(_typed_changes([(1, 10), (2, 20)]))
+    d.handle({"op": "stage", "version": 1, "stream": "s1", "seq": 0, **base}, chunk)
+    with pytest.raises(ProtocolError, match="keys"):
+        d.handle({"op": "commit", "version": 1, "stream": "s1", "chunks": 1, "keys": -1, **base}, b"")
+    assert len(d.streams) == 1, "a commit refused for its header took the stream: no abort can drop its file"
+    d.handle({"op": "abort", "version": 1, "stream": "s1", **base}, b"")
+    assert len(d.streams) == 0
+
+    d.handle({"op": "stage", "version": 2, "stream": "s2", "seq": 0, **base}, chunk)
+    assert staged_files(), "the chunk was not written where the test looks"
+    with pytest.raises(ProtocolError, match="belongs to"):
+        d.handle({"op": "commit", "version": 3, "stream": "s2", "chunks": 1, **base}, b"")
+    assert len(d.streams) == 0 and not staged_files(), staged_files()
+    d.background.close()
+
+
+def test_a_shim_gone_mid_reply_leaves_no_traceback_in_the_worker_log(worker, tmp_path):
+    """A task killed while its load's rows stream back closes the socket under the worker's write: an ordinary
+    cancellation, which the worker's log must not report as an exception with a traceback."""
+    conn = worker.connect()
+    base = {"store": _store(tmp_path), "options": {"storage": "filesystem"}}
+    resp, _ = conn.request({"op": "commit", "version": 1, **base},
+                           table_to_ipc(_typed_changes([(k, k) for k in range(200_000)])))
+    assert resp["ok"], resp
+    conn.send({"op": "load", "version": 1, **base})   # several MB back: more than the socket buffers hold
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.sock.close()
+    again = worker.connect()   # the worker still serves
+    resp, _ = again.request({"op": "latest", **base})
+    assert resp["ok"] and resp["version"] == 1, resp
+    again.close()
+    time.sleep(0.5)
+    log = worker.log_path.read_text()
+    assert "Traceback" not in log and "Exception occurred" not in log, log[-3000:]

@@ -497,12 +497,19 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     }
     closeLiveIfUnused();
     if (commitSent) {
-      // The worker may hold part of version+1: tell it to drop it (best effort).
+      // The worker may hold part of version+1: tell it to drop it (best effort). A killed task's thread is
+      // still interrupted here (its completion listener): the flag would close the worker's channel under the
+      // write (ClosedByInterruptException), so it is cleared for the call and set again after.
       long version = store.version() + 1;
+      boolean interrupted = Thread.interrupted();
       try {
         client.abort(version, null);
       } catch (RuntimeException e) {
         LOG.warn("spark_state: abort of version {} of {} failed: {}", version, stateStoreId, e.toString());
+      } finally {
+        if (interrupted) {
+          Thread.currentThread().interrupt();
+        }
       }
     }
   }
