@@ -42,13 +42,12 @@ _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
-def _drop_copy(image: ImageFile) -> None:
-    """Deletes a downloaded copy of a row image (``temporary``); a local checkpoint's own image is left alone."""
-    if image.temporary and image.path:
-        try:
-            os.unlink(image.path)
-        except OSError:
-            pass
+def _remove_copy(path: str) -> None:
+    """Deletes a copy of a row image the worker downloaded (never a checkpoint's file), if it is still there."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _read_pool() -> ThreadPoolExecutor:
@@ -286,7 +285,8 @@ class ChainReader:
                     try:
                         changes = self._changes(version, chain, tally)
                     except BaseException:
-                        _drop_copy(image)   # a downloaded copy nobody will open: Spark's retries would pile them up
+                        if image.temporary:   # a copy nobody will open: each of Spark's retries would add one
+                            _remove_copy(image.path)
                         raise
                 image_bytes = image.size if image is not None and image.temporary else 0
             if image is None:
@@ -339,7 +339,7 @@ class ChainReader:
                 try:
                     storage.download(image.path, local)
                 except BaseException:
-                    _drop_copy(ImageFile(local, image.rows, image.size, True))
+                    _remove_copy(local)
                     raise
             size = os.path.getsize(local)
         except (OSError, SparkStateError) as err:
@@ -350,8 +350,8 @@ class ChainReader:
             if size is not None:
                 log.warning("row image %s/%s of %s has %d bytes, its entry says %d; loading the rows instead",
                             storage.root, image.path, self.ctx.name, size, image.size)
-            if temporary and local is not None and os.path.exists(local):
-                os.unlink(local)
+            if temporary and local is not None:
+                _remove_copy(local)
             return None
         return ImageFile(local, image.rows, image.size, temporary)
 
