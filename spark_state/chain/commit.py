@@ -83,10 +83,11 @@ class Committer:
                 )
         return changes
 
-    def stage(self, version: int) -> StagedCommit:
+    def stage(self, version: int, full: bool = False) -> StagedCommit:
         """The data file of a commit of `version` whose changes are streamed while its batch runs
-        (``spark_state.chain.staging``); ``commit(..., staged=)`` completes it."""
-        return StagedCommit(self.ctx, version, self.valid_changes, DELTA_COMPRESSION_LEVEL)
+        (``spark_state.chain.staging``), or whose whole state is (`full`: a snapshot); ``commit(..., staged=)``
+        completes it."""
+        return StagedCommit(self.ctx, version, self.valid_changes, DELTA_COMPRESSION_LEVEL, full)
 
     def commit(self, version: int, changes: pa.Table, base_commit_id=UNCHECKED,
                min_versions_to_retain: int | None = None, *, full: bool = False,
@@ -117,7 +118,7 @@ class Committer:
         changes = self.valid_changes(changes, repeated_keys and staged is None)
         if staged is not None:
             deletes = staged.deletes + changes.column("value").null_count
-            if full or repeated_keys or not staged.rows or (staged.kind == SNAPSHOT and deletes):
+            if repeated_keys or not staged.rows or (staged.kind == SNAPSHOT and deletes):
                 # the file as streamed cannot be this version's: a key in it twice, deletes in a snapshot, no rows
                 changes, staged = self.valid_changes(staged.take_back(changes), repeated_keys), None
         with ctx.locks.lock:

@@ -31,11 +31,12 @@ class StagedCommit:
     returns its rows instead. Thread-safe: chunks, the commit and an abort may come on different connections.
     """
 
-    def __init__(self, ctx: StoreContext, version: int, validate, compression_level: int):
+    def __init__(self, ctx: StoreContext, version: int, validate, compression_level: int, full: bool = False):
         self.ctx = ctx
         self.version = version
-        #: version 1 builds on nothing: its file is the snapshot (deltas need a snapshot before them)
-        self.kind = SNAPSHOT if version == 1 else DELTA
+        #: version 1 builds on nothing, and a whole state (`full`) on nothing before it: their file is the
+        #: snapshot (deltas need a snapshot before them)
+        self.kind = SNAPSHOT if version == 1 or full else DELTA
         self.path = new_file_path(version, self.kind)
         self._validate = validate
         self._lock = threading.Lock()

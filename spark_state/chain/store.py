@@ -135,10 +135,11 @@ class VersionedStore:
         return self.committer.commit(version, changes, base_commit_id, min_versions_to_retain, full=full,
                                      repeated_keys=repeated_keys, staged=staged, keys=keys, lineage=lineage)
 
-    def stage(self, version: int) -> StagedCommit:
+    def stage(self, version: int, full: bool = False) -> StagedCommit:
         """A commit of `version` whose changes come in chunks while its batch runs (``StagedCommit.append``),
-        completed by ``commit(..., staged=)``; nothing is visible before that."""
-        return self.committer.stage(version)
+        or whose whole state does (`full`), completed by ``commit(..., staged=)``; nothing is visible before
+        that."""
+        return self.committer.stage(version, full)
 
     def abort(self, version: int) -> None:
         """Removes files this process wrote for `version` that no manifest names.

@@ -77,7 +77,7 @@ import zstandard
 from spark_state.errors import ChecksumMismatch, FormatVersionError
 from spark_state.format import tables, unsaferow
 from spark_state.format.datafile import crc32_hex
-from spark_state.format.keyfilter import MAX_K, KeyFilter
+from spark_state.format.keyfilter import MAX_K, FilterBuilder, KeyFilter
 
 MAGIC = b"SPKSTRI"
 #: The format version this code writes, and the newest it reads (1: no key filter; 2: no page directory).
@@ -250,8 +250,10 @@ class ImageWriter:
         index = np.concatenate(self._index) if self._index else np.zeros(0, dtype=INDEX_ENTRY)
         index_offset = self._size
         index_bytes = index.tobytes()
-        hashes = np.concatenate(self._hashes) if self._hashes else np.zeros(0, dtype=np.uint32)
-        key_filter = KeyFilter.of(hashes, self._rows)
+        builder = FilterBuilder(self._rows)
+        while self._hashes:   # part by part, each let go once its bits are set: never a copy of them all
+            builder.add(self._hashes.pop())
+        key_filter = builder.finish()
         filter_bytes = key_filter.to_bytes()
         flags = FILTER | PAGED | (TOMBSTONES if self._tombstones else 0)
         directory = page_directory(index, index_bytes, PAGE_ENTRIES).tobytes()

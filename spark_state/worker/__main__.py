@@ -52,6 +52,25 @@ def _cleanup_and_exit(sock_path: str, why: str) -> None:
     os._exit(0)
 
 
+class _NoPandas:
+    """Refuses to import pandas (see ``_without_pandas``)."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name.partition(".")[0] == "pandas":
+            raise ImportError("spark_state's worker does not load pandas (it uses none of it)")
+        return None
+
+
+def _without_pandas() -> None:
+    """Keeps pandas out of the worker. pyarrow's ``to_numpy`` imports it whenever it is installed (an
+    ``applyInPandasWithState`` user has it), though the worker uses none of it: 45-50 MiB of resident memory
+    and 0.3 s of imports in every executor's worker, beside the executor's heap. pyarrow treats an
+    ImportError as pandas being absent."""
+    if not any(isinstance(finder, _NoPandas) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _NoPandas())
+
+
 def _memory_pool() -> None:
     """Arrow's buffers from the C allocator, unless the user chose a pool (ARROW_DEFAULT_MEMORY_POOL): the
     worker holds a compaction's buffers briefly and then idles, and mimalloc (pyarrow's default) keeps what
@@ -69,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=os.environ.get("SPARK_STATE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    _without_pandas()
     _memory_pool()
     secret = sys.stdin.readline().strip()
     if not secret:

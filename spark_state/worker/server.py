@@ -149,11 +149,11 @@ class Dispatcher:
         return open_store(store_ref_of(header), settings_of(header))
 
     def op_stage(self, header, body):
-        """One chunk of a commit's changes, streamed while the batch runs (docs/protocol.md, "Streamed commits"):
-        written into the data file the commit will name."""
+        """One chunk of a commit's changes, streamed while the batch runs, or of a whole state (``full``)
+        (docs/protocol.md, "Streamed commits"): written into the data file the commit will name."""
         version = _int_field(header, "version")
         staged = self.streams.append(_stream_field(header), _int_field(header, "seq"), self._store(header), version,
-                                     ipc_to_table(body))
+                                     ipc_to_table(body), full=bool(header.get("full", False)))
         return {"ok": True, "rows": staged.rows}, b""
 
     def op_commit(self, header, body):
@@ -171,8 +171,6 @@ class Dispatcher:
         store = self._store(header)                # the commit below discards it
         staged = None
         if header.get("stream") is not None:
-            if full:
-                raise ProtocolError("a commit of the whole state (full) cannot complete streamed changes (stream)")
             staged = self.streams.take(_stream_field(header), _int_field(header, "chunks"), store, version)
         result = store.commit(version, changes, base_commit_id=base, min_versions_to_retain=keep, full=full,
                               repeated_keys=bool(header.get("repeatedKeys")), staged=staged,

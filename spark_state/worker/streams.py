@@ -30,14 +30,14 @@ class StreamRegistry:
         self._lock = threading.Lock()
         self.idle_limit = idle_limit
 
-    def append(self, stream: str, seq: int, store, version: int, chunk) -> StagedCommit:
-        """Chunk `seq` (from 0) of `stream`; a repeat of a chunk already taken (a retried request) is ignored.
-        StreamLost when earlier chunks are not here."""
+    def append(self, stream: str, seq: int, store, version: int, chunk, full: bool = False) -> StagedCommit:
+        """Chunk `seq` (from 0) of `stream` (`full`: of a whole state, written as a snapshot); a repeat of a chunk
+        already taken (a retried request) is ignored. StreamLost when earlier chunks are not here."""
         self._expire()
         with self._lock:
             entry = self._streams.get(stream)
             if entry is None and seq == 0:
-                entry = self._streams[stream] = store.stage(version)
+                entry = self._streams[stream] = store.stage(version, full)
         if entry is None:
             raise StreamLost(f"stream {stream} of {store.name} version {version}: chunk {seq} came but this worker "
                              f"holds none before it (it was restarted, or the stream expired); send them again")

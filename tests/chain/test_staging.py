@@ -14,7 +14,7 @@ from spark_state.format import datafile
 from spark_state.format.manifest import SNAPSHOT
 from spark_state.worker.streams import StreamRegistry
 from tests.chain.test_typed_files import _frozen, _thaw, as_dict, batches, table
-from tests.support.changes import M
+from tests.support.changes import M, opaque_changes
 from tests.support.stores import assert_files_of_kept_versions_exist, store_on
 
 
@@ -236,3 +236,46 @@ def test_deletes_in_the_tail_of_a_streamed_first_version_are_not_stored(tmp_path
     store.commit(1, _rows(["ü"], None), staged=staged)
     assert store.reader.read_manifest(1).files[0].rows == 2
     assert sorted(k["user"] for k in store.load(1).column("key").to_pylist()) == ["a", "b"]
+
+
+def _opaque_chain(store) -> str:
+    """Versions 1 and 2 in file format 1 (a checkpoint of a spark_state older than typed files); 2's commit id."""
+    c1 = store.commit(1, opaque_changes({b"k1": b"v1"}, max_parallelism=M))
+    return store.commit(2, opaque_changes({b"k22": b"v2"}, max_parallelism=M), base_commit_id=c1.commit_id).commit_id
+
+
+def test_a_whole_state_streamed_as_a_snapshot_is_the_version_as_written(tmp_path):
+    """The shim's upgrade of a format-1 chain sends its whole state as chunks too (``stage`` with ``full``): the
+    file as streamed is the version's snapshot, a new chain, and nothing is read back into memory."""
+    store = store_on(f"file://{tmp_path}")
+    base = _opaque_chain(store)
+    staged = store.stage(3, full=True)
+    assert staged.kind == SNAPSHOT
+    for part in (["a", "b"], ["ü"]):
+        staged.append(_rows(part))
+    store.commit(3, _rows([""]), base_commit_id=base, full=True, staged=staged, keys=4)
+    [entry] = store.reader.read_manifest(3).files
+    assert entry.kind == SNAPSHOT and entry.typed and entry.path == staged.path and entry.rows == 4
+    got = store.load(3)
+    assert sorted(k["user"] for k in got.column("key").to_pylist()) == ["", "a", "b", "ü"]
+
+
+@pytest.mark.parametrize("case", ["staged as changes, committed whole", "staged whole, committed as changes"])
+def test_a_stream_of_the_other_kind_than_its_commit_is_rewritten(tmp_path, case):
+    store = store_on(f"file://{tmp_path}")
+    if case.startswith("staged as changes"):
+        base = _opaque_chain(store)
+        staged = store.stage(3)
+        staged.append(_rows(["a", "b"]))
+        store.commit(3, _rows(["ü"]), base_commit_id=base, full=True, staged=staged)
+        expected, version = ["a", "b", "ü"], 3
+    else:
+        first = store.commit(1, _rows([""]))
+        staged = store.stage(2, full=True)
+        staged.append(_rows(["a", "b"]))
+        store.commit(2, _rows(["ü"]), base_commit_id=first.commit_id, staged=staged)
+        expected, version = ["", "a", "b", "ü"], 2
+    got = store.load(version)
+    assert sorted(k["user"] for k in got.column("key").to_pylist()) == expected
+    assert not (tmp_path / staged.path).exists(), "the streamed file was replaced"
+    assert set(store.storage.list_files()) >= set(store.reader.read_manifest(version).paths)

@@ -72,3 +72,34 @@ def test_changes_streamed_during_the_batch_commit_exactly_through_a_worker_kill_
     # the killed worker's partial file is a crash's leftover (retention collects it once below the window, as
     # any crashed commit's); the aborted stream's file was dropped by the worker
     assert all(p.startswith("shared/v0000000003-") for p in leftovers), leftovers
+
+
+def test_the_whole_state_a_format_switch_commits_streams_as_changes_do(tmp_path):
+    """A store whose base version is in file format 1 commits its whole state once, as typed files; that state
+    leaves the JVM in chunks, as a batch's changes do (not encoded whole in the heap, outside the memory budget),
+    and the worker keeps the file as streamed: the version's snapshot, in the order the rows came."""
+    import sys
+
+    from spark_state.format import datafile
+    from spark_state.format.manifest import SNAPSHOT
+    from tests.support.stores import open_stored
+
+    cmd = probe_command("WholeStreamProbe.java", "WholeStreamProbe", tmp_path, "-Dio.sparkstate.streamChunkBytes=1",
+                        heap="1g")
+    out = subprocess.run([*cmd, str(tmp_path / "ckpt" / "state"), sys.executable], capture_output=True, text=True,
+                         timeout=300)
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    model = {k: k for k in range(60_000)}
+    model.update({k: k + 1_000_000 for k in range(10)})
+    expected = f"{len(model)} {sum(model.values())}"
+    assert lines.get("LIVE") == expected and lines.get("LOADED") == expected, (out.stdout, out.stderr[-3000:])
+
+    store = open_stored(tmp_path / "ckpt")
+    assert [f.typed for f in store.reader.read_manifest(1).files] == [False], "version 1 must be in file format 1"
+    [whole] = store.reader.read_manifest(2).files
+    assert whole.kind == SNAPSHOT and whole.typed and whole.rows == 60_000
+    kg = datafile.decode(store.storage.read_file(whole.path), whole.path, store.settings.max_parallelism)["kg"]
+    # a whole state sent with the commit is written sorted by key group; the file as streamed is not
+    assert (kg.to_numpy()[1:] < kg.to_numpy()[:-1]).any(), "the snapshot is the file as streamed, in chunks"
+    referenced = {p for v in store.versions() for p in store.reader.read_manifest(v).paths}
+    assert set(store.storage.list_files()) == referenced, "nothing staged is left behind"

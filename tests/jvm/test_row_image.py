@@ -456,3 +456,20 @@ def test_a_filter_header_whose_hash_count_was_changed_is_refused_at_open(probe, 
     answer = probe.ask(f"open {copy} 1 10000")
     assert answer.startswith("ERR RowImageException: "), answer
     assert str(copy) in answer and "key filter rules out a key" in answer and RELOAD in answer, answer
+
+
+def test_a_raised_hash_count_is_refused_in_an_image_of_more_blocks_than_the_reader_checks(probe, tmp_path):
+    """The reader asks the filter for the first and last hash of at most 1,024 blocks spread over the image
+    (every block was 240,000 random probes in a 10M-row image's open); in an image of more blocks than that, a
+    raised k is still caught."""
+    path = probe.write(many_records(8000), 256)
+    blocks = len(read_image(path).blocks)
+    assert blocks > 2 * 1024, blocks   # more than twice the blocks the reader checks: it samples them
+    data = bytearray(path.read_bytes())
+    k_at = len(data) - 56 + 4
+    struct.pack_into("<I", data, k_at, 9)   # two more bits per hash: about 3 in 4 hashes denied
+    copy = tmp_path / "raised-k.rimg"
+    copy.write_bytes(bytes(data))
+    answer = probe.ask(f"open {copy} 1 10000")
+    assert answer.startswith("ERR RowImageException: ") and "key filter rules out a key" in answer, answer
+    assert probe.ask(f"open {path} 1 10000").startswith("OK"), "the undamaged image opens"

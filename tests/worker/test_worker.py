@@ -287,3 +287,27 @@ def test_a_shim_gone_mid_reply_leaves_no_traceback_in_the_worker_log(worker, tmp
     time.sleep(0.5)
     log = worker.log_path.read_text()
     assert "Traceback" not in log and "Exception occurred" not in log, log[-3000:]
+
+
+def test_the_worker_never_loads_pandas(worker, tmp_path):
+    """pyarrow's ``to_numpy`` imports pandas whenever it is installed (it is here: pyspark's pandas API needs
+    it), 45-50 MiB of the worker's resident memory. A commit, a compaction that writes a row image, and
+    loads of both kinds run without it, and with the right rows."""
+    import importlib.util
+
+    assert importlib.util.find_spec("pandas") is not None, "the test needs pandas installed to mean anything"
+    conn = worker.connect()
+    base = {"store": _store(tmp_path), "options": {"storage": "filesystem", "rowImages.minRows": "0",
+                                                    "snapshotInterval": "2"}}
+    for version, rows in [(1, [(k, k) for k in range(1000)]), (2, [(k, None) for k in range(10)])]:
+        resp, _ = conn.request({"op": "commit", "version": version, **base}, table_to_ipc(_typed_changes(rows)))
+        assert resp["ok"], resp
+        resp, _ = conn.request({"op": "drain", "timeoutMs": 60_000})
+        assert resp == {"ok": True, "pending": 0}, resp
+    lazy, _ = conn.request({"op": "load", "version": 2, "images": True, **base})
+    assert lazy["ok"] and "image" in lazy, lazy
+    whole, body = conn.request({"op": "load", "version": 2, **base})
+    assert whole["rows"] == ipc_to_table(body).num_rows == 990
+    time.sleep(0.5)   # the warm-up runs in the background (its kernels call to_numpy too)
+    mapped = Path(f"/proc/{worker.pid}/maps").read_text()
+    assert "/pandas/" not in mapped, [line for line in mapped.splitlines() if "/pandas/" in line][:3]

@@ -4,6 +4,7 @@ import java.io.IOException;
 import java.io.InputStream;
 import java.io.UncheckedIOException;
 import java.nio.file.Files;
+import java.util.Iterator;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.locks.ReentrantReadWriteLock;
@@ -38,6 +39,7 @@ import org.apache.spark.sql.execution.streaming.state.StateStoreCustomMetric;
 import org.apache.spark.sql.execution.streaming.state.StateStoreId;
 import org.apache.spark.sql.execution.streaming.state.StateStoreProvider;
 import org.apache.spark.sql.execution.streaming.state.SupportsFineGrainedReplay;
+import org.apache.spark.sql.execution.streaming.state.UnsafeRowPair;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.util.NextIterator;
 import org.apache.spark.util.TaskCompletionListener;
@@ -449,22 +451,28 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     boolean whole = base.needsWholeCommit(format);
     boolean repeatedKeys = !whole && changes.mayRepeatKeys();
     long changed = changes.size();
+    if (!storeDirectoryMade) {   // before a whole state is streamed: nothing may fail between that and its commit
+      createStoreDirectory();
+      storeDirectoryMade = true;
+    }
     ArrowCodec.Body body;
     ChangeStream streamed = null;
     try {
       if (whole) {
-        changes.close();
-        body = format.encode(base.rows.iterator(), base.rows.size());
+        changes.close();   // drops what the batch streamed: the whole state replaces it
+        if (format.typed()) {   // typed rows leave the JVM a chunk at a time, as a batch's changes do
+          Engine engine = Engine.executor();
+          streamed = new ChangeStream(client, newVersion, engine::newLocalFile, engine.budget(), true);
+          body = logAll(base.rows, streamed);
+        } else {
+          body = format.encode(base.rows.iterator(), base.rows.size());
+        }
       } else {
         streamed = stream != null && stream.chunks() > 0 ? stream : null;
         body = changes.finish();
       }
     } catch (IOException e) {
       throw new UncheckedIOException("spark_state: cannot encode the changes of " + this, e);
-    }
-    if (!storeDirectoryMade) {
-      createStoreDirectory();
-      storeDirectoryMade = true;
     }
     int minVersions = storeConf.minVersionsToRetain();
     long keys = base.rows.knownSize();
@@ -486,6 +494,25 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
       closeLiveIfUnused();
     }
     return reply;
+  }
+
+  /**
+   * Every row of {@code rows} (the whole state) through a change log that streams full chunks to {@code stream}
+   * and answers the rest: the state never sits in the heap encoded whole, outside the memory budget.
+   */
+  private ArrowCodec.Body logAll(StateMap rows, ChangeStream stream) throws IOException {
+    ChangeLog all = format.newChangeLog(rows.size(), stream);
+    try {
+      Iterator<UnsafeRowPair> it = rows.iterator();
+      while (it.hasNext()) {
+        UnsafeRowPair p = it.next();
+        all.add(p.key(), p.value(), false);
+      }
+      return all.finish();
+    } catch (IOException | RuntimeException | Error e) {
+      all.close();   // and what was streamed is dropped on the worker
+      throw e;
+    }
   }
 
   /** The store's rows hold uncommitted changes: drop them, the next store reloads its version. */

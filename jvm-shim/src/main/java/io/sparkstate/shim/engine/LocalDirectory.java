@@ -46,9 +46,11 @@ final class LocalDirectory {
   @SuppressWarnings("unused")
   private final FileLock lock;
 
+  /** The folder of this JVM: deleted when the JVM exits (a kill leaves it to the next executor's cleanup). */
   private LocalDirectory(Path dir, FileLock lock) {
     this.dir = dir;
     this.lock = lock;
+    Runtime.getRuntime().addShutdownHook(new Thread(() -> deleteTree(dir), "spark-state-local-cleanup"));
   }
 
   static LocalDirectory get() {
@@ -94,9 +96,8 @@ final class LocalDirectory {
         return made;
       }
     }
-    // no disk gives a locked folder: one of this process all the same, left to the shutdown hook (a kill leaks it)
+    // no disk gives a locked folder: one of this process all the same (a kill leaks it: no lock marks it dead)
     Path dir = roots.get(0).resolve(name + Long.toHexString(ThreadLocalRandom.current().nextLong() >>> 1));
-    Runtime.getRuntime().addShutdownHook(new Thread(() -> deleteTree(dir), "spark-state-local-cleanup"));
     return new LocalDirectory(dir, null);
   }
 
@@ -117,7 +118,6 @@ final class LocalDirectory {
       }
       Path dir = root.resolve(name + staging.getFileName().toString().substring(1 + name.length()));
       Files.move(staging, dir, StandardCopyOption.ATOMIC_MOVE);
-      Runtime.getRuntime().addShutdownHook(new Thread(() -> deleteTree(dir), "spark-state-local-cleanup"));
       return new LocalDirectory(dir, lock);
     } catch (IOException | RuntimeException e) {
       if (channel != null) {

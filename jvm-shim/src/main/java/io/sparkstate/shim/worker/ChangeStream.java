@@ -54,6 +54,8 @@ public final class ChangeStream implements ChunkSink {
 
   private final StoreClient client;
   private final long version;
+  /** The chunks are the whole state of the version, not changes: the worker writes a snapshot. */
+  private final boolean whole;
   private final SpoolFiles spoolFiles;
   private final Reservation inFlight;
   /** Where each chunk starts in the spool, and one more entry: where the next one goes. */
@@ -68,8 +70,17 @@ public final class ChangeStream implements ChunkSink {
 
   /** The stream of {@code version}'s changes of the store {@code client} names. */
   public ChangeStream(StoreClient client, long version, SpoolFiles spoolFiles, MemoryBudget budget) {
+    this(client, version, spoolFiles, budget, false);
+  }
+
+  /**
+   * The stream of {@code version}'s changes, or with {@code whole} of its whole state (a commit that switches
+   * file formats), which then leaves the JVM a chunk at a time as changes do.
+   */
+  public ChangeStream(StoreClient client, long version, SpoolFiles spoolFiles, MemoryBudget budget, boolean whole) {
     this.client = client;
     this.version = version;
+    this.whole = whole;
     this.spoolFiles = spoolFiles;
     this.inFlight = budget.reserve("stream", this);
   }
@@ -97,7 +108,7 @@ public final class ChangeStream implements ChunkSink {
     CompletableFuture<Void> link = sending.thenRunAsync(() -> {
       try {
         if (failure == null) {
-          client.stage(version, stream, seq, chunk);
+          client.stage(version, stream, seq, whole, chunk);
         }
       } catch (Throwable e) {   // whatever it is, the commit sends the chunks again and reports it then
         failure = e instanceof RuntimeException r ? r : new IllegalStateException(e);
@@ -164,12 +175,12 @@ public final class ChangeStream implements ChunkSink {
     sending.join();
     int n = chunks();
     if (n == 0) {
-      return client.commit(version, baseCommitId, minVersionsToRetain, false, repeatedKeys, null, 0, keys, tail);
+      return client.commit(version, baseCommitId, minVersionsToRetain, whole, repeatedKeys, null, 0, keys, tail);
     }
     try {
       if (failure == null) {
         try {
-          return client.commit(version, baseCommitId, minVersionsToRetain, false, repeatedKeys, id, n, keys, tail);
+          return client.commit(version, baseCommitId, minVersionsToRetain, whole, repeatedKeys, id, n, keys, tail);
         } catch (WorkerConnection.StreamLost e) {
           LOG.warn("spark_state: {}; sending the {} chunks of version {} again", e.getMessage(), n, version);
         }
@@ -181,9 +192,9 @@ public final class ChangeStream implements ChunkSink {
       failure = null;
       id = newId();
       for (int seq = 0; seq < n; seq++) {
-        client.stage(version, id, seq, spooled(seq));
+        client.stage(version, id, seq, whole, spooled(seq));
       }
-      return client.commit(version, baseCommitId, minVersionsToRetain, false, repeatedKeys, id, n, keys, tail);
+      return client.commit(version, baseCommitId, minVersionsToRetain, whole, repeatedKeys, id, n, keys, tail);
     } catch (RuntimeException e) {
       dropOnWorker();   // a commit that failed before the worker took the stream leaves nothing there
       throw e;

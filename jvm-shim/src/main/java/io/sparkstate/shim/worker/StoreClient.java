@@ -289,10 +289,14 @@ public final class StoreClient {
 
   /**
    * {@code stage}: chunk {@code seq} (from 0) of {@code version}'s changes, streamed as {@code stream}
-   * while the batch runs; the worker writes it into the data file the commit will name.
+   * while the batch runs, or of its whole state ({@code whole}: the file is a snapshot); the worker writes
+   * it into the data file the commit will name.
    */
-  public void stage(long version, String stream, int seq, ArrowCodec.Body chunk) {
+  public void stage(long version, String stream, int seq, boolean whole, ArrowCodec.Body chunk) {
     ObjectNode h = request(OP_STAGE);
+    if (whole) {
+      h.put("full", true);
+    }
     h.put("version", version);
     h.put("stream", stream);
     h.put("seq", seq);
