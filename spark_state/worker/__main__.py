@@ -58,15 +58,18 @@ class _NoPandas:
     @staticmethod
     def find_spec(name, path=None, target=None):
         if name.partition(".")[0] == "pandas":
-            raise ImportError("spark_state's worker does not load pandas (it uses none of it)")
+            raise ModuleNotFoundError("spark_state's worker does not load pandas (it uses none of it)", name=name)
         return None
 
 
 def _without_pandas() -> None:
     """Keeps pandas out of the worker. pyarrow's ``to_numpy`` imports it whenever it is installed (an
     ``applyInPandasWithState`` user has it), though the worker uses none of it: 45-50 MiB of resident memory
-    and 0.3 s of imports in every executor's worker, beside the executor's heap. pyarrow treats an
-    ImportError as pandas being absent."""
+    and 0.3 s of imports in every executor's worker, beside the executor's heap. pyarrow treats the
+    ImportError as pandas being absent. Mind it: without pandas, pyarrow 26's ``to_numpy`` of a
+    ``month_day_nano_interval`` column (Spark's CalendarIntervalType), or of one nested in a struct or list,
+    crashes the process; the worker calls ``to_numpy`` only on integer columns (kg, hash, offsets, dictionary
+    indices) and must keep to that."""
     if not any(isinstance(finder, _NoPandas) for finder in sys.meta_path):
         sys.meta_path.insert(0, _NoPandas())
 

@@ -459,7 +459,7 @@ def test_a_filter_header_whose_hash_count_was_changed_is_refused_at_open(probe, 
 
 
 def test_a_raised_hash_count_is_refused_in_an_image_of_more_blocks_than_the_reader_checks(probe, tmp_path):
-    """The reader asks the filter for the first and last hash of at most 1,024 blocks spread over the image
+    """The reader asks the filter for the first and last hash of about 1,024 blocks spread over the image
     (every block was 240,000 random probes in a 10M-row image's open); in an image of more blocks than that, a
     raised k is still caught."""
     path = probe.write(many_records(8000), 256)

@@ -57,7 +57,7 @@ final class RowImage implements Closeable {
   /** Bytes either side of the guessed place of a lookup's block fetched with its index page ({@link #readPageAndGuess}). */
   static final long GUESS_BYTES = 8 << 10;
   static final int RECORD_HEADER = 16;
-  /** Blocks whose first and last hash a key filter must admit at open ({@link #firstBlockDenied}). */
+  /** About how many blocks' first and last hash a key filter must admit at open ({@link #firstBlockDenied}). */
   static final int FILTER_CHECKS = 1024;
   static final int CODEC_RAW = 0;
   static final int CODEC_ZSTD = 1;
@@ -332,7 +332,7 @@ final class RowImage implements Closeable {
   }
 
   /**
-   * The first of {@link #FILTER_CHECKS} blocks spread over the image (the first and last among them) whose first
+   * The first of about {@link #FILTER_CHECKS} blocks spread over the image (the first and last among them) whose first
    * or last record's hash the filter denies, or -1. The CRC covers the filter's words, not its header's k; a k
    * raised by damage denies each of those hashes with a chance of at least one half, so a thousand blocks catch
    * it surely. Every block was 240,000 random probes of a 12 MB filter in the open of a 10M-row image.
