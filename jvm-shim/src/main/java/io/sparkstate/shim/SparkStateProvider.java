@@ -260,7 +260,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     refreshLive(version, lineage(uniqueId));
     live.rows.endBatch();
     Engine engine = Engine.executor();
-    ChangeStream stream = new ChangeStream(client, version + 1, engine::newLocalFile, engine.budget());
+    ChangeStream stream = new ChangeStream(client, version + 1, engine::newLocalFile, engine.budget(), false);
     ChangeLog changes = format.newChangeLog(Math.min(lastChanges, MAX_EXPECTED_CHANGES), stream);
     open = new SparkStateStore(this, live, changes, stream, unreportedLoad, restarts);
     unreportedLoad = Metrics.Load.NONE;
@@ -524,19 +524,13 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     }
     closeLiveIfUnused();
     if (commitSent) {
-      // The worker may hold part of version+1: tell it to drop it (best effort). A killed task's thread is
-      // still interrupted here (its completion listener): the flag would close the worker's channel under the
-      // write (ClosedByInterruptException), so it is cleared for the call and set again after.
+      // The worker may hold part of version+1: tell it to drop it (best effort; a killed task's interrupt
+      // is set aside for the request by StoreClient.abort).
       long version = store.version() + 1;
-      boolean interrupted = Thread.interrupted();
       try {
         client.abort(version, null);
       } catch (RuntimeException e) {
         LOG.warn("spark_state: abort of version {} of {} failed: {}", version, stateStoreId, e.toString());
-      } finally {
-        if (interrupted) {
-          Thread.currentThread().interrupt();
-        }
       }
     }
   }

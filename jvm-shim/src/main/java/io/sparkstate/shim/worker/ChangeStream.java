@@ -68,14 +68,9 @@ public final class ChangeStream implements ChunkSink {
   /** Why a send failed (the rest are skipped; the commit sends them again), or null. */
   private volatile RuntimeException failure;
 
-  /** The stream of {@code version}'s changes of the store {@code client} names. */
-  public ChangeStream(StoreClient client, long version, SpoolFiles spoolFiles, MemoryBudget budget) {
-    this(client, version, spoolFiles, budget, false);
-  }
-
   /**
-   * The stream of {@code version}'s changes, or with {@code whole} of its whole state (a commit that switches
-   * file formats), which then leaves the JVM a chunk at a time as changes do.
+   * The stream of {@code version}'s changes of the store {@code client} names, or with {@code whole} of its whole
+   * state (a commit that switches file formats), which then leaves the JVM a chunk at a time as changes do.
    */
   public ChangeStream(StoreClient client, long version, SpoolFiles spoolFiles, MemoryBudget budget, boolean whole) {
     this.client = client;
@@ -230,22 +225,13 @@ public final class ChangeStream implements ChunkSink {
     }
   }
 
-  /**
-   * Tells the worker to drop the stream (none there: nothing happens). A killed task's thread is still
-   * interrupted here, which would close the connection under the request: the flag is cleared for the
-   * request and set again after.
-   */
+  /** Tells the worker to drop the stream (none there: nothing happens). */
   private void dropOnWorker() {
-    boolean interrupted = Thread.interrupted();
     try {
       client.abort(version, id);
     } catch (RuntimeException e) {
       LOG.warn("spark_state: cannot drop the streamed changes of version {} ({}); the worker drops them when "
           + "they expire", version, e.toString());
-    } finally {
-      if (interrupted) {
-        Thread.currentThread().interrupt();
-      }
     }
   }
 

@@ -338,7 +338,9 @@ public final class StoreClient {
 
   /**
    * {@code abort}: the worker drops what it may hold of an uncommitted {@code version}: the chunks
-   * streamed as {@code stream} (null: none) and files no manifest names.
+   * streamed as {@code stream} (null: none) and files no manifest names. Callers clean up after a failed or
+   * killed task, whose thread may still be interrupted: the flag would close the worker's channel under the
+   * write (ClosedByInterruptException), so it is cleared for the request and set again after.
    */
   public void abort(long version, String stream) {
     ObjectNode h = request(OP_ABORT);
@@ -346,7 +348,14 @@ public final class StoreClient {
     if (stream != null) {
       h.put("stream", stream);
     }
-    send(h, null, null);
+    boolean interrupted = Thread.interrupted();
+    try {
+      send(h, null, null);
+    } finally {
+      if (interrupted) {
+        Thread.currentThread().interrupt();
+      }
+    }
   }
 
   /**
