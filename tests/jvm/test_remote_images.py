@@ -338,3 +338,21 @@ def test_a_local_checkpoint_is_read_in_place_without_the_cache(classes, tmp_path
         assert probe.cached() == [] and probe.fetched() == (0, 0)
     finally:
         probe.close()
+
+
+def test_the_executor_plugins_warm_up_runs_a_restore_and_leaves_nothing_behind(endpoint, classes, tmp_path):
+    """The executor plugin runs one restore of a small image of its own when the executor starts (Engine.warmUp),
+    so the first task that restores a store does not load the engine's classes. It must leave no copy, file,
+    cached block or reservation behind, count no fetch from storage, and a real restore after it is exact."""
+    probe = Probe(classes, tmp_path)
+    try:
+        ms, copies, files, cache_bytes, budget_used = map(int, probe.ok("warmup"))
+        assert (copies, files, cache_bytes, budget_used) == (0, 0, 0, 0), (copies, files, cache_bytes, budget_used)
+        assert probe.fetched() == (0, 0), "the warm-up's own image counted as bytes read from storage"
+        build(probe, "a", tmp_path / "ckpt", 0, s3_root(endpoint))
+        probe.ok("open a 2")
+        assert probe.ok("get a 7 0") == ["7", "null"]
+        assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
+        assert probe.ok("scan a") == [str(KEYS - 3), str(sum(range(3, KEYS)))]
+    finally:
+        probe.close()
