@@ -267,7 +267,7 @@ def write(result: dict, out: Path) -> None:
     lines = [
         "# Restores from object storage (issue 38)",
         "",
-        f"`{result['command']}` (under `nice -n 19 flock /work/spark.lock`): {result['keys']:,} keys "
+        f"`{result['command']}` (under `flock /work/spark.lock`): {result['keys']:,} keys "
         f"(long → long), row image {mib:.1f} MiB on the loopback S3 server (moto) behind the soak's proxy "
         f"with the given latency per request, every probe JVM with a {result.get('heap', '2g')} heap. "
         f"`cold`: a fresh JVM and worker (an executor just started); "
