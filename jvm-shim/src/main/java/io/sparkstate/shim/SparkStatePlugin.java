@@ -97,7 +97,10 @@ public class SparkStatePlugin implements SparkPlugin {
                 e.toString());
           }
           try {
+            long t0 = System.nanoTime();
             Engine.executor().warmUp();
+            LOG.info("spark_state: restore path warmed up ahead of the first task ({} ms)",
+                (System.nanoTime() - t0) / 1_000_000L);
           } catch (Exception | LinkageError e) {
             LOG.info("spark_state: warming up the restore path failed (the first restore pays for it): {}",
                 e.toString());
