@@ -366,6 +366,8 @@ def main() -> None:
                     help="ranged: moto whose ranged GETs read only their range, as S3's do (tests/support/moto_ranges.py); "
                          "moto: moto as it is (every ranged GET reads the whole object)")
     args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error(f"--repeat {args.repeat}: give 1 or more runs")
     run(args.keys, [int(x) for x in args.latencies.split(",")], args.out, tuple(args.jvm_flag), args.server, args.heap,
         args.repeat)
 

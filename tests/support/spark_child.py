@@ -41,7 +41,7 @@ def main(argv: list[str]) -> int:
     result = {"jvm": driver_jvm_pid(spark), "outputs": None, "error": None}
     if config.get("watch_before"):
         result["workers_before"], result["warmed_before"] = _watch_workers(result["jvm"], config["watch_before"])
-        result["jvm_warmed_before"] = _watch_jvm_warm_up(spark, 10 if result["workers_before"] else 0)
+        result["jvm_warmed_before"] = _watch_jvm_warm_up(spark, 60 if result["workers_before"] else 0)
     try:
         query.run()
         result["outputs"] = {str(b): [list(r) for r in rows] for b, rows in query.outputs.items()}

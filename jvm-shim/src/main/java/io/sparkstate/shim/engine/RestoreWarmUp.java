@@ -2,9 +2,14 @@ package io.sparkstate.shim.engine;
 
 import java.io.ByteArrayInputStream;
 import java.io.IOException;
+import java.io.InputStream;
+import java.io.SequenceInputStream;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Collections;
 import java.util.Iterator;
+import java.util.List;
 import java.util.UUID;
 
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
@@ -33,10 +38,12 @@ final class RestoreWarmUp {
   /** Runs the restore in {@code engine}; answers the sum of the values it read (so none of it is dead code). */
   static long run(Engine engine) throws IOException {
     byte[] bytes = image();
-    RangeReader reader = (from, to, body) -> {
+    RangeReader reader = (from, to, body) -> {   // every range in one stream, one after the other, as the worker's
+      List<InputStream> ranges = new ArrayList<>();
       for (int i = 0; i < from.length; i++) {
-        body.read(new ByteArrayInputStream(bytes, (int) from[i], (int) (to[i] - from[i])));
+        ranges.add(new ByteArrayInputStream(bytes, (int) from[i], (int) (to[i] - from[i])));
       }
+      body.read(new SequenceInputStream(Collections.enumeration(ranges)));
     };
     RemoteImage remote = new RemoteImage("spark_state warm-up " + UUID.randomUUID(), "", bytes.length, new long[0],
         new long[0], new byte[0][], reader, false);
@@ -46,8 +53,14 @@ final class RestoreWarmUp {
       if (restore == null) {
         throw new IOException("the warm-up's row image did not open");
       }
-      restore.change(row(3), row(-3));
-      StateMap map = restore.finish(ROWS);
+      StateMap map;
+      try {
+        restore.change(row(3), row(-3));
+        map = restore.finish(ROWS);
+      } catch (RuntimeException e) {
+        restore.abandon();
+        throw e;
+      }
       long sum = 0;
       try {
         for (int i = 0; i < ROWS; i += 37) {
