@@ -4,7 +4,7 @@ and the blocks a lookup needs, the rest filled into the local cache in the backg
 ``rowImages.rangeReads=false`` (today's download-then-open), at injected per-request latencies.
 
     nice -n 19 flock /work/spark.lock .venv/bin/python -m benchmarks.remote_restore \
-        [--keys 1000000] [--latencies 0,10,50] [--server ranged|moto] [--jvm-flag -D...]
+        [--keys 1000000] [--latencies 0,10,50] [--heap 1g] [--server ranged|moto] [--jvm-flag -D...]
         [--out benchmarks/results/remote-restore]
 
 Set-up: a moto server in its own process (``--server ranged``, the default: its ranged GETs read only their
@@ -23,12 +23,16 @@ each command:
 * ``warm``: the same open, first get and batch in a JVM (and worker) that restored and read another store of
   the checkpoint first (partition 1, 1,000 keys, its image and changes after it): an executor that was
   running when the task moved to it;
+* ``started``: the same in a fresh JVM that first ran what the executor plugin (``spark.plugins``, on by default
+  through ``spark_state.configure``) runs when an executor starts: the Arrow conversion's and the restore path's
+  warm-ups. A fresh executor started for the task that moves to it;
 * ``scan``: in another fresh JVM, ``getReadStore(2)`` then a full scan of the store;
 * bytes and requests the proxy forwarded for the restore (open + first get: with range reads, the
   background fill's first requests are under way by then and counted), for open + batch, and until the
   local copy is complete (the fill goes on after the batch), beside the image's size.
 
-Writes ``results.md`` and ``results.json`` into ``--out``.
+Every probe JVM has the heap of ``--heap`` (1 GiB: what users give an executor of two cores; the build runs in
+4 GiB). Writes ``results.md`` and ``results.json`` into ``--out``.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -112,7 +117,8 @@ def options(root: str, ranges: bool) -> list[str]:
             f"rowImages.rangeReads={'true' if ranges else 'false'}"]
 
 
-def run(keys: int, latencies: list[int], out: Path, jvm_flags: tuple[str, ...] = (), server: str = "ranged") -> dict:
+def run(keys: int, latencies: list[int], out: Path, jvm_flags: tuple[str, ...] = (), server: str = "ranged",
+        heap: str = "1g", repeat: int = 1) -> dict:
     work = Path(tempfile.mkdtemp(prefix="remote-restore-"))
     env = dict(os.environ)
     os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
@@ -131,9 +137,9 @@ def run(keys: int, latencies: list[int], out: Path, jvm_flags: tuple[str, ...] =
         classes.mkdir()
         ckpt = work / "ckpt"
 
-        def probe(heap: str = "2g", *jvm: str) -> Probe:
+        def probe(probe_heap: str = heap, *jvm: str) -> Probe:
             cmd = probe_command("RemoteImageProbe.java", "io.sparkstate.shim.engine.RemoteImageProbe", classes,
-                                f"-Djava.io.tmpdir={work}", *jvm_flags, *jvm, heap=heap)
+                                f"-Djava.io.tmpdir={work}", *jvm_flags, *jvm, heap=probe_heap)
             return Probe(cmd)
 
         t0 = time.perf_counter()
@@ -164,65 +170,84 @@ def run(keys: int, latencies: list[int], out: Path, jvm_flags: tuple[str, ...] =
         batch = max(1, keys // 100)
         first = keys // 2
         rows = []
+        all_runs = []
         for latency in latencies:
             proxy.set_latency(latency)
-            for mode in ("range", "download"):
-                ranges = mode == "range"
-                spec = f"provider a {ckpt} {sys.executable} 0 {' '.join(options(root, ranges))}"
-                # a fresh executor: open, first get, 1% of the keys
-                p = probe()
-                try:
-                    p.ok(spec)
-                    p.ok("fetched")   # the worker is up before the clock starts
-                    cpu0 = cpu_seconds(moto.pid, proxy.proc.pid)
-                    (t_open, t_get, t_batch), (r0, r1, r2) = restore_and_batch(p, proxy, first, batch)
-                    rig_cpu = cpu_seconds(moto.pid, proxy.proc.pid) - cpu0
-                    fetched = [int(x) for x in p.ok("fetched")]
-                    filled = None
-                    if ranges:
-                        t = time.perf_counter()
-                        p.ok("filled a 600000")
-                        filled = (time.perf_counter() - t) * 1000 + t_open + t_get + t_batch
-                    r3 = counts(proxy)
-                finally:
-                    p.close(60)
-                # a warm executor (its JVM and worker served store w of the same checkpoint): open, first get,
-                # 1% of the keys of a store it holds no file of
-                p = probe()
-                try:
-                    p.ok(f"provider w {ckpt} {sys.executable} 1 {' '.join(options(root, ranges))}")
-                    p.ok(spec)
-                    p.ok("open w 2")
-                    assert p.ok("get w 5") == ["5"]
-                    (w_open, w_get, w_batch), (w0, w1, _) = restore_and_batch(p, proxy, first, batch)
-                finally:
-                    p.close(60)
-                # another fresh executor: open, full scan
-                p = probe()
-                try:
-                    p.ok(spec)
-                    p.ok("fetched")
-                    t_open2, _ = p.timed("open a 2")
-                    t_scan, scanned = p.timed("scan a")
-                    assert scanned[0] == str(keys - 3), scanned
-                finally:
-                    p.close(60)
-                row = dict(latency_ms=latency, mode=mode, open_ms=t_open, first_get_ms=t_get,
-                           open_first_get_ms=t_open + t_get, batch_ms=t_batch,
-                           open_batch_ms=t_open + t_get + t_batch, scan_open_ms=t_open2, scan_ms=t_scan,
-                           open_scan_ms=t_open2 + t_scan,
-                           restore_requests=r1[0] - r0[0], restore_bytes=r1[1] - r0[1],
-                           batch_requests=r2[0] - r0[0], batch_bytes=r2[1] - r0[1],
-                           total_requests=r3[0] - r0[0], total_bytes=r3[1] - r0[1],
-                           shim_fetched_bytes=fetched[0], shim_fetch_requests=fetched[1],
-                           filled_ms=filled, rig_cpu_s=rig_cpu, warm_open_ms=w_open, warm_first_get_ms=w_get,
-                           warm_open_first_get_ms=w_open + w_get, warm_open_batch_ms=w_open + w_get + w_batch,
-                           warm_restore_requests=w1[0] - w0[0], warm_restore_bytes=w1[1] - w0[1])
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+            runs = []
+            for rep in range(repeat):
+                for mode in ("range", "download"):
+                    ranges = mode == "range"
+                    spec = f"provider a {ckpt} {sys.executable} 0 {' '.join(options(root, ranges))}"
+                    # a fresh executor: open, first get, 1% of the keys
+                    p = probe()
+                    try:
+                        p.ok(spec)
+                        p.ok("fetched")   # the worker is up before the clock starts
+                        cpu0 = cpu_seconds(moto.pid, proxy.proc.pid)
+                        (t_open, t_get, t_batch), (r0, r1, r2) = restore_and_batch(p, proxy, first, batch)
+                        rig_cpu = cpu_seconds(moto.pid, proxy.proc.pid) - cpu0
+                        fetched = [int(x) for x in p.ok("fetched")]
+                        filled = None
+                        if ranges:
+                            t = time.perf_counter()
+                            p.ok("filled a 600000")
+                            filled = (time.perf_counter() - t) * 1000 + t_open + t_get + t_batch
+                        r3 = counts(proxy)
+                    finally:
+                        p.close(60)
+                    # a fresh executor that ran the executor plugin's warm-ups when it started, before the task moved
+                    p = probe()
+                    try:
+                        p.ok(spec)
+                        p.ok("fetched")
+                        p.ok("warmup")
+                        time.sleep(0.5)
+                        (s_open, s_get, s_batch), _ = restore_and_batch(p, proxy, first, batch)
+                    finally:
+                        p.close(60)
+                    # a warm executor (its JVM and worker served store w of the same checkpoint): open, first get,
+                    # 1% of the keys of a store it holds no file of
+                    p = probe()
+                    try:
+                        p.ok(f"provider w {ckpt} {sys.executable} 1 {' '.join(options(root, ranges))}")
+                        p.ok(spec)
+                        p.ok("open w 2")
+                        assert p.ok("get w 5") == ["5"]
+                        (w_open, w_get, w_batch), (w0, w1, _) = restore_and_batch(p, proxy, first, batch)
+                    finally:
+                        p.close(60)
+                    # another fresh executor: open, full scan
+                    p = probe()
+                    try:
+                        p.ok(spec)
+                        p.ok("fetched")
+                        t_open2, _ = p.timed("open a 2")
+                        t_scan, scanned = p.timed("scan a")
+                        assert scanned[0] == str(keys - 3), scanned
+                    finally:
+                        p.close(60)
+                    row = dict(latency_ms=latency, mode=mode, rep=rep, open_ms=t_open, first_get_ms=t_get,
+                               open_first_get_ms=t_open + t_get, batch_ms=t_batch,
+                               open_batch_ms=t_open + t_get + t_batch, scan_open_ms=t_open2, scan_ms=t_scan,
+                               open_scan_ms=t_open2 + t_scan,
+                               restore_requests=r1[0] - r0[0], restore_bytes=r1[1] - r0[1],
+                               batch_requests=r2[0] - r0[0], batch_bytes=r2[1] - r0[1],
+                               total_requests=r3[0] - r0[0], total_bytes=r3[1] - r0[1],
+                               shim_fetched_bytes=fetched[0], shim_fetch_requests=fetched[1],
+                               filled_ms=filled, rig_cpu_s=rig_cpu, warm_open_ms=w_open, warm_first_get_ms=w_get,
+                               started_open_ms=s_open, started_first_get_ms=s_get,
+                               started_open_first_get_ms=s_open + s_get, started_open_batch_ms=s_open + s_get + s_batch,
+                               warm_open_first_get_ms=w_open + w_get, warm_open_batch_ms=w_open + w_get + w_batch,
+                               warm_restore_requests=w1[0] - w0[0], warm_restore_bytes=w1[1] - w0[1])
+                    runs.append(row)
+                    all_runs.append(row)
+                    print(json.dumps(row), flush=True)
+            rows += [_median([r for r in runs if r["mode"] == mode]) for mode in ("range", "download")]
         result = dict(keys=keys, image_bytes=image_bytes, batch_keys=batch, latencies=latencies, rows=rows, rig=rig,
+                      heap=heap, repeat=repeat, runs=all_runs,
                       command=" ".join(["python -m benchmarks.remote_restore", "--keys", str(keys), "--latencies",
-                                        ",".join(map(str, latencies)), "--server", server,
+                                        ",".join(map(str, latencies)), "--heap", heap, "--repeat", str(repeat),
+                                        "--server", server,
                                         *(f"--jvm-flag={f}" for f in jvm_flags)]))
         write(result, out)
         return result
@@ -242,24 +267,29 @@ def write(result: dict, out: Path) -> None:
     lines = [
         "# Restores from object storage (issue 38)",
         "",
-        f"`{result['command']}` (under `nice -n 19 flock /work/spark.lock`): {result['keys']:,} keys "
+        f"`{result['command']}` (under `flock /work/spark.lock`): {result['keys']:,} keys "
         f"(long → long), row image {mib:.1f} MiB on the loopback S3 server (moto) behind the soak's proxy "
-        f"with the given latency per request. `cold`: a fresh JVM and worker (an executor just started); "
+        f"with the given latency per request, every probe JVM with a {result.get('heap', '2g')} heap. "
+        f"`cold`: a fresh JVM and worker (an executor just started); "
+        f"`started`: a fresh JVM and worker that ran the executor plugin's warm-ups first (an executor started "
+        f"for the task, with `spark.plugins` as `spark_state.configure` sets it); "
         f"`warm`: an executor whose JVM and worker served another store of the checkpoint before (a task "
         f"moving to an executor that was running). `range`: "
         f"rowImages.rangeReads=true, `download`: false (the default: the whole image downloaded before "
-        f"the first get). Batch: gets of {result['batch_keys']:,} keys (1%) after the open; no puts, no commit.",
+        f"the first get). Batch: gets of {result['batch_keys']:,} keys (1%) after the open; no puts, no commit. "
+        f"{_runs_note(result.get('repeat', 1))}",
         "",
-        "| latency | mode | getStore + first get (cold) | (warm) | open + 1% gets (cold) | (warm) "
-        "| open + full scan (cold) | requests / MiB (restore) "
+        "| latency | mode | getStore + first get (cold) | (started) | (warm) | open + 1% gets (cold) | (started) "
+        "| (warm) | open + full scan (cold) | requests / MiB (restore) "
         "| requests / MiB (open + 1% gets) | requests / MiB (until the copy is complete) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     by = {(r["latency_ms"], r["mode"]): r for r in result["rows"]}
     for r in result["rows"]:
         lines.append(
             f"| {r['latency_ms']} ms | {r['mode']} | {r['open_first_get_ms']:,.0f} ms "
-            f"| {r['warm_open_first_get_ms']:,.0f} ms | {r['open_batch_ms']:,.0f} ms | {r['warm_open_batch_ms']:,.0f} ms "
+            f"| {_ms(r, 'started_open_first_get_ms')} | {r['warm_open_first_get_ms']:,.0f} ms "
+            f"| {r['open_batch_ms']:,.0f} ms | {_ms(r, 'started_open_batch_ms')} | {r['warm_open_batch_ms']:,.0f} ms "
             f"| {r['open_scan_ms']:,.0f} ms | {r['restore_requests']} / {r['restore_bytes'] / 2**20:.2f} "
             f"| {r['batch_requests']} / {r['batch_bytes'] / 2**20:.2f} | {r['total_requests']} / "
             f"{r['total_bytes'] / 2**20:.2f} |")
@@ -278,23 +308,57 @@ def write(result: dict, out: Path) -> None:
             lines.append(f"| {r['latency_ms']} ms | {r['mode']} | {r['open_batch_ms']:,.0f} ms "
                          f"| {r['rig_cpu_s'] * 1000:,.0f} ms |")
     lines += ["", "Ratios, range ÷ download:", "",
-              "| latency | getStore + first get (cold) | (warm) | open + 1% gets (cold) | (warm) | open + full scan |",
-              "|---|---|---|---|---|---|"]
+              "| latency | getStore + first get (cold) | (started) | (warm) | open + 1% gets (cold) | (started) | (warm) "
+              "| open + full scan |",
+              "|---|---|---|---|---|---|---|---|"]
     for latency in result["latencies"]:
         a, b = by.get((latency, "range")), by.get((latency, "download"))
         if a and b:
             lines.append(f"| {latency} ms | {a['open_first_get_ms'] / b['open_first_get_ms']:.2f}× "
+                         f"| {_ratio(a, b, 'started_open_first_get_ms')} "
                          f"| {a['warm_open_first_get_ms'] / b['warm_open_first_get_ms']:.2f}× "
                          f"| {a['open_batch_ms'] / b['open_batch_ms']:.2f}× "
+                         f"| {_ratio(a, b, 'started_open_batch_ms')} "
                          f"| {a['warm_open_batch_ms'] / b['warm_open_batch_ms']:.2f}× "
                          f"| {a['open_scan_ms'] / b['open_scan_ms']:.2f}× |")
     (out / "results.md").write_text("\n".join(lines) + "\n")
+
+
+def _median(runs: list[dict]) -> dict:
+    """One row of the runs of a latency and mode: the median of every figure (its runs stay in ``runs``)."""
+    row = dict(runs[0])
+    for key, value in runs[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("latency_ms", "rep"):
+            values = [r[key] for r in runs if r.get(key) is not None]
+            row[key] = statistics.median(values) if values else None
+    row.pop("rep", None)
+    row["runs"] = len(runs)
+    return row
+
+
+def _runs_note(repeat: int) -> str:
+    if repeat <= 1:
+        return "One run per figure."
+    return (f"Every figure is the median of {repeat} runs, the modes alternating (each run is in results.json, "
+            f"`runs`).")
+
+
+def _ms(row: dict, key: str) -> str:
+    """A time of the row, or - (results of a release that did not measure it)."""
+    return f"{row[key]:,.0f} ms" if row.get(key) is not None else "-"
+
+
+def _ratio(a: dict, b: dict, key: str) -> str:
+    return f"{a[key] / b[key]:.2f}×" if a.get(key) and b.get(key) else "-"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keys", type=int, default=1_000_000)
     ap.add_argument("--latencies", default="0,10,50")
+    ap.add_argument("--heap", default="1g", help="every restore probe's heap (the build's is 4g)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs of every latency and mode, alternating; the tables give medians, results.json each run")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "remote-restore")
     ap.add_argument("--jvm-flag", action="append", default=[],
                     help="a JVM option for every probe, e.g. -Dspark_state.imageFillBytes=1048576 (A/B of a knob)")
@@ -302,7 +366,10 @@ def main() -> None:
                     help="ranged: moto whose ranged GETs read only their range, as S3's do (tests/support/moto_ranges.py); "
                          "moto: moto as it is (every ranged GET reads the whole object)")
     args = ap.parse_args()
-    run(args.keys, [int(x) for x in args.latencies.split(",")], args.out, tuple(args.jvm_flag), args.server)
+    if args.repeat < 1:
+        ap.error(f"--repeat {args.repeat}: give 1 or more runs")
+    run(args.keys, [int(x) for x in args.latencies.split(",")], args.out, tuple(args.jvm_flag), args.server, args.heap,
+        args.repeat)
 
 
 if __name__ == "__main__":

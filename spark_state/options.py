@@ -207,7 +207,9 @@ DESCRIPTIONS = {
     "fsync": "fsync state files, manifests and their directories on local disks before a commit returns. Default true.",
     "savepointDir": "Where spark_state.savepoint() and 'spark-state savepoint' put savepoints by default. Default: none.",
     "prestartWorker": ("Start each executor's worker when the executor starts (through spark_state's spark.plugins "
-                       "entry), off the first task's path; false: the first state store starts it. Default true."),
+                       "entry), off the first task's path, and warm up the restore path of the JVM and the worker's "
+                       "client of a remote checkpointRoot (one request); false: the first state store starts it. "
+                       "Default true."),
     "rowImages": ("Write a row image beside each compacted snapshot (its rows as Spark's UnsafeRows, lookup-ready), "
                   "so a restore looks keys up where they are instead of loading every row. Default true."),
     "rowImages.minRows": (f"Snapshots with fewer rows get no row image (loading them whole is as fast). "

@@ -42,6 +42,9 @@ import io.sparkstate.shim.worker.WorkerClient;
  *   scan NAME                          → OK rows sum
  *   release NAME                       → OK          the read store and its provider closed
  *   cached                             → per copy "C file local present pages users reserved", then END
+ *   warmup                             → OK ms copies files cacheBytes budgetUsed   the executor plugin's
+ *                                        warm-up, then the copies and files of the image cache, the block cache's
+ *                                        and the budget's bytes in use
  *   fetched                            → OK bytes requests (executor-wide, from the checkpoint storage)
  *   filled NAME TIMEOUT_MS             → OK, or TIMEOUT: every copy NAME's read store reads is complete
  * </pre>
@@ -195,6 +198,20 @@ public class RemoteImageProbe {
           sb.append("C ").append(c).append('\n');
         }
         return sb.append("END").toString();
+      }
+      case "warmup": {   // what the executor plugin runs when the executor starts
+        long t0 = System.nanoTime();
+        io.sparkstate.shim.codec.TypedCodec.warmUp();
+        Engine e = Engine.executor();
+        e.warmUp();
+        long ms = (System.nanoTime() - t0) / 1_000_000;
+        java.nio.file.Path dir = e.images().directory();
+        long files;
+        try (java.util.stream.Stream<java.nio.file.Path> all = java.nio.file.Files.list(dir)) {
+          files = all.count();
+        }
+        return "OK " + ms + " " + e.images().describe().size() + " " + files + " " + e.cache().usedBytes() + " "
+            + e.budget().used();
       }
       case "fetched": {
         long[] f = Engine.executor().remoteFetches();

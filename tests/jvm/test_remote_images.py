@@ -338,3 +338,27 @@ def test_a_local_checkpoint_is_read_in_place_without_the_cache(classes, tmp_path
         assert probe.cached() == [] and probe.fetched() == (0, 0)
     finally:
         probe.close()
+
+
+@pytest.mark.parametrize("jvm", [(), ("-Dspark_state.imageCachePage=4096",)], ids=["defaults", "small-pages"])
+def test_the_executor_plugins_warm_up_runs_a_restore_and_leaves_nothing_behind(endpoint, classes, tmp_path, jvm):
+    """The executor plugin runs one restore of a small image of its own when the executor starts (Engine.warmUp),
+    so the first task that restores a store does not load the engine's classes. It must leave no copy, file,
+    cached block or reservation behind, count no fetch from storage, log no complaint, and a real restore after it
+    is exact. With small pages its image spans many pages of the local copy."""
+    probe = Probe(classes, tmp_path, *jvm)
+    try:
+        ms, copies, files, cache_bytes, budget_used = map(int, probe.ok("warmup"))
+        assert (copies, files, cache_bytes, budget_used) == (0, 0, 0, 0), (copies, files, cache_bytes, budget_used)
+        assert probe.fetched() == (0, 0), "the warm-up's own image counted as bytes read from storage"
+        time.sleep(0.5)   # its fill, had it failed, logs that it stopped
+        probe.log.seek(0)
+        complaints = [line for line in probe.log.read().splitlines() if "warm-up" in line and " WARN " in line]
+        assert complaints == [], complaints
+        build(probe, "a", tmp_path / "ckpt", 0, s3_root(endpoint))
+        probe.ok("open a 2")
+        assert probe.ok("get a 7 0") == ["7", "null"]
+        assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
+        assert probe.ok("scan a") == [str(KEYS - 3), str(sum(range(3, KEYS)))]
+    finally:
+        probe.close()

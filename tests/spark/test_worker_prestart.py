@@ -1,7 +1,7 @@
-"""The executor plugin starts the state worker when the executor starts, before any task needs it,
-and the worker imports and warms up what commits and restores need in the background; the option
-prestartWorker=false leaves the start to the first state store (a fresh application each, since the
-plugin runs once per executor)."""
+"""The executor plugin starts the state worker when the executor starts, before any task needs it; the worker
+imports and warms up what commits and restores need in the background, and the JVM runs its restore path once. The
+option prestartWorker=false leaves the start to the first state store (a fresh application each, since the plugin
+runs once per executor)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ def test_worker_is_running_and_warm_before_the_first_task(spark, tested, tmp_pat
     assert result["error"] is None, result["error"]
     assert len(result["workers_before"]) == 1, result
     assert result["warmed_before"] == [True], "the worker's log has no 'warm-up done' before the first query"
+    assert result["jvm_warmed_before"], "the plugin did not run the JVM's restore path before the first query"
     # The query's stores used that worker: no second one was started.
     assert result["workers"] == result["workers_before"], result
     assert result["outputs"], result
@@ -42,5 +43,5 @@ def test_prestart_off_starts_the_worker_with_the_first_store(spark, tested, tmp_
         pytest.skip("needs spark_state")
     result = _run_child(tmp_path, {"storage": "filesystem", "prestart_worker": False}, watch=5)
     assert result["error"] is None, result["error"]
-    assert result["workers_before"] == [], result
+    assert result["workers_before"] == [] and result["jvm_warmed_before"] is False, result
     assert len(result["workers"]) == 1 and result["outputs"], result

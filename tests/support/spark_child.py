@@ -41,6 +41,7 @@ def main(argv: list[str]) -> int:
     result = {"jvm": driver_jvm_pid(spark), "outputs": None, "error": None}
     if config.get("watch_before"):
         result["workers_before"], result["warmed_before"] = _watch_workers(result["jvm"], config["watch_before"])
+        result["jvm_warmed_before"] = _watch_jvm_warm_up(spark, 60 if result["workers_before"] else 0)
     try:
         query.run()
         result["outputs"] = {str(b): [list(r) for r in rows] for b, rows in query.outputs.items()}
@@ -75,6 +76,18 @@ def _watch_workers(jvm: int, seconds: float) -> tuple[list[int], list[bool]]:
         if any(done) or time.monotonic() > deadline:
             return pids, done
         time.sleep(0.2)
+
+
+def _watch_jvm_warm_up(spark, seconds: float) -> bool:
+    """Whether the executor plugin's warm-up of the restore path (Engine.warmUp, after the worker's start) has run in
+    this local application's executor, the driver JVM, waiting at most ``seconds``."""
+    import time
+
+    engine = spark.sparkContext._jvm.io.sparkstate.shim.engine.Engine.executor()
+    deadline = time.monotonic() + seconds
+    while not engine.warmedUp() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return bool(engine.warmedUp())
 
 
 class Child:

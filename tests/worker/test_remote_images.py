@@ -113,20 +113,32 @@ def test_fetch_past_the_end_or_of_a_vanished_file_is_a_storage_error(compacted):
     assert not resp["ok"] and resp["kind"] == "StorageError" and "missing" in resp["error"], resp
 
 
-def test_a_validate_naming_a_remote_root_sets_its_storage_up_once_in_the_background(worker, tmp_path):
+def test_a_validate_naming_a_remote_root_sets_its_storage_up_once_in_the_background(tmp_path):
     """The shim validates its options when a provider starts and when the executor plugin prestarts the worker:
-    a remote ``checkpointRoot`` there has the worker import its fsspec backend and make its client (s3fs: ~0.4 s)
-    in the background, once per root, so the executor's first restore does not pay for it; a local root, nothing."""
+    a remote ``checkpointRoot`` there has the worker import its fsspec backend, make its client (s3fs: ~0.4 s)
+    and send it one request, in the background, once per root, so the executor's first restore pays for none of
+    it; a local root, nothing. The worker reaches S3 through a proxy that counts its requests."""
+    from tests.support.s3_proxy import S3Proxy
     from tests.support.waiting import wait_until
 
-    conn = worker.connect()
-    root = f"s3://warm-{uuid.uuid4().hex[:8]}/state"   # no request is made: the bucket need not exist
-    for _ in range(2):
-        resp, _ = conn.request({"op": "validate", "options": {"checkpointRoot": root}})
-        assert resp["ok"], resp
-    done = f"storage warm-up of {root} done"
-    wait_until(lambda: done in worker.log_path.read_text(errors="replace"), 30, f"no '{done}' in the worker's log")
-    resp, _ = conn.request({"op": "validate", "options": {"checkpointRoot": f"file://{tmp_path}/local"}})
-    assert resp["ok"], resp   # a local root: no backend to set up, nothing logged
-    log = worker.log_path.read_text(errors="replace")
-    assert log.count("storage warm-up of") == 1, log
+    endpoint = s3_server.start()
+    proxy = S3Proxy(int(endpoint.rsplit(":", 1)[1]), tmp_path / "proxy")
+    worker = Worker(tmp_path, env={"AWS_ENDPOINT_URL": proxy.url})
+    try:
+        conn = worker.connect()
+        root = f"s3://warm-{uuid.uuid4().hex[:8]}/state"   # the bucket need not exist
+        for _ in range(2):
+            resp, _ = conn.request({"op": "validate", "options": {"checkpointRoot": root}})
+            assert resp["ok"], resp
+        done = f"storage warm-up of {root} done"
+        wait_until(lambda: done in worker.log_path.read_text(errors="replace"), 30, f"no '{done}' in the worker's log")
+        requests = proxy.stats()["requests"]
+        assert 1 <= requests <= 3, f"the warm-up sent {requests} requests to storage"
+        resp, _ = conn.request({"op": "validate", "options": {"checkpointRoot": f"file://{tmp_path}/local"}})
+        assert resp["ok"], resp   # a local root: no backend to set up, nothing logged
+        log = worker.log_path.read_text(errors="replace")
+        assert log.count("storage warm-up of") == 1, log
+        assert proxy.stats()["requests"] == requests, "a second validate of the root warmed it up again"
+    finally:
+        worker.close()
+        proxy.stop()

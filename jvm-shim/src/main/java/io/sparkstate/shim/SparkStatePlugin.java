@@ -4,6 +4,7 @@ import java.util.HashMap;
 import java.util.Map;
 
 import io.sparkstate.shim.codec.TypedCodec;
+import io.sparkstate.shim.engine.Engine;
 import io.sparkstate.shim.worker.Options;
 import io.sparkstate.shim.worker.StoreClient;
 import io.sparkstate.shim.worker.WorkerClient;
@@ -19,8 +20,9 @@ import scala.Tuple2;
 /**
  * Starts the executor's state worker when the executor starts ({@code spark.plugins}), in the
  * background, so the first task that opens a state store does not wait for Python and pyarrow to
- * start; then loads the JVM classes of the Arrow conversion ({@link TypedCodec#warmUp}). Without it
- * the worker starts at the first store, inside that task. Turned off with
+ * start; then loads the JVM classes of the Arrow conversion ({@link TypedCodec#warmUp}) and runs one restore
+ * of a small image of its own ({@link Engine#warmUp}). Without it the worker starts at the first store, inside
+ * that task. Turned off with
  * {@code spark.sql.streaming.stateStore.sparkState.prestartWorker=false}.
  */
 public class SparkStatePlugin implements SparkPlugin {
@@ -92,6 +94,15 @@ public class SparkStatePlugin implements SparkPlugin {
             TypedCodec.warmUp();
           } catch (Exception | LinkageError e) {
             LOG.info("spark_state: warming up the Arrow conversion failed (the first store pays for it): {}",
+                e.toString());
+          }
+          try {
+            long t0 = System.nanoTime();
+            Engine.executor().warmUp();
+            LOG.info("spark_state: restore path warmed up ahead of the first task ({} ms)",
+                (System.nanoTime() - t0) / 1_000_000L);
+          } catch (Exception | LinkageError e) {
+            LOG.info("spark_state: warming up the restore path failed (the first restore pays for it): {}",
                 e.toString());
           }
         }, "spark-state-worker-prestart");

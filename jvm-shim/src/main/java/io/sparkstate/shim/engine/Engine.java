@@ -36,6 +36,7 @@ public final class Engine {
   });
   private final AtomicLong spills = new AtomicLong();
   private final AtomicLong spilledBytes = new AtomicLong();
+  private volatile boolean warmedUp;
 
   public Engine(MemoryBudget budget) {
     this.budget = budget;
@@ -175,6 +176,22 @@ public final class Engine {
       source.startFill();
     });
     return restored(spec, image, rows, expectedChanges);
+  }
+
+  /**
+   * Runs the restore path once on a small image of its own ({@link RestoreWarmUp}), so the executor's first
+   * restore does not load and interpret the engine's classes; leaves nothing behind. Answers a checksum of what
+   * it read.
+   */
+  public long warmUp() throws IOException {
+    long sum = RestoreWarmUp.run(this);
+    warmedUp = true;
+    return sum;
+  }
+
+  /** Whether {@link #warmUp} ran to its end in this JVM (tests, diagnostics). */
+  public boolean warmedUp() {
+    return warmedUp;
   }
 
   private Restore restored(StoreSpec spec, RowImage image, long rows, long expectedChanges) {

@@ -197,6 +197,18 @@ final class ImageCache {
   private void evict(CachedImage victim) {
     LOG.info("spark_state: evicting the local copy of the row image {} ({} MiB) from the cache of remote images "
         + "({} MiB used of {} MiB)", victim.name, victim.reserved >> 20, used >> 20, capacity() >> 20);
+    remove(victim);
+  }
+
+  /** Drops the copy of the image with this key (see {@link RemoteImage#key}) if no store reads it: the warm-up's. */
+  synchronized void discard(String key) {
+    CachedImage image = images.get(key);
+    if (image != null && image.users == 0) {
+      remove(image);
+    }
+  }
+
+  private void remove(CachedImage victim) {
     victim.drop();
     used -= victim.reserved;
     victim.reserved = 0;

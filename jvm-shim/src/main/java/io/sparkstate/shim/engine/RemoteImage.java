@@ -14,9 +14,16 @@ public final class RemoteImage {
   final long[] tailTo;
   final byte[][] tail;
   final RangeReader reader;
+  /** Whether its fetches count as reads of checkpoint storage (the metrics): not the warm-up's own image's. */
+  final boolean fromStorage;
 
   public RemoteImage(String id, String checksum, long size, long[] tailFrom, long[] tailTo, byte[][] tail,
       RangeReader reader) {
+    this(id, checksum, size, tailFrom, tailTo, tail, reader, true);
+  }
+
+  RemoteImage(String id, String checksum, long size, long[] tailFrom, long[] tailTo, byte[][] tail,
+      RangeReader reader, boolean fromStorage) {
     if (tailFrom.length != tailTo.length || tail.length != tailFrom.length) {
       throw new IllegalArgumentException("spark_state: a row image tail of " + tail.length + " pieces for "
           + tailFrom.length + " ranges");
@@ -34,6 +41,7 @@ public final class RemoteImage {
     this.tailTo = tailTo;
     this.tail = tail;
     this.reader = reader;
+    this.fromStorage = fromStorage;
   }
 
   /** What the executor's cache keys the image's local copy by: the same file, size and content. */

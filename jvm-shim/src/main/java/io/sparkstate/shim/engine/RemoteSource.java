@@ -27,7 +27,7 @@ final class RemoteSource implements BlockSource {
     this.image = image;
     this.tail = remote;
     RangeReader fetcher = remote.reader;
-    this.reader = (from, to, body) -> {
+    this.reader = !remote.fromStorage ? fetcher : (from, to, body) -> {
       long bytes = 0;
       for (int i = 0; i < from.length; i++) {
         bytes += to[i] - from[i];
