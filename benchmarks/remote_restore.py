@@ -38,6 +38,7 @@ Every probe JVM has the heap of ``--heap`` (1 GiB: what users give an executor o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -142,6 +143,18 @@ def run(keys: int, latencies: list[int], out: Path, jvm_flags: tuple[str, ...] =
                                 f"-Djava.io.tmpdir={work}", *jvm_flags, *jvm, heap=probe_heap)
             return Probe(cmd)
 
+        @contextlib.contextmanager
+        def fresh(spec: str):
+            """A fresh executor: a new probe JVM with the provider of ``spec``, its worker up before the clock
+            starts."""
+            p = probe()
+            try:
+                p.ok(spec)
+                p.ok("fetched")
+                yield p
+            finally:
+                p.close(60)
+
         t0 = time.perf_counter()
         p = probe("4g")
         try:
@@ -179,10 +192,7 @@ def run(keys: int, latencies: list[int], out: Path, jvm_flags: tuple[str, ...] =
                     ranges = mode == "range"
                     spec = f"provider a {ckpt} {sys.executable} 0 {' '.join(options(root, ranges))}"
                     # a fresh executor: open, first get, 1% of the keys
-                    p = probe()
-                    try:
-                        p.ok(spec)
-                        p.ok("fetched")   # the worker is up before the clock starts
+                    with fresh(spec) as p:
                         cpu0 = cpu_seconds(moto.pid, proxy.proc.pid)
                         (t_open, t_get, t_batch), (r0, r1, r2) = restore_and_batch(p, proxy, first, batch)
                         rig_cpu = cpu_seconds(moto.pid, proxy.proc.pid) - cpu0
@@ -193,18 +203,11 @@ def run(keys: int, latencies: list[int], out: Path, jvm_flags: tuple[str, ...] =
                             p.ok("filled a 600000")
                             filled = (time.perf_counter() - t) * 1000 + t_open + t_get + t_batch
                         r3 = counts(proxy)
-                    finally:
-                        p.close(60)
                     # a fresh executor that ran the executor plugin's warm-ups when it started, before the task moved
-                    p = probe()
-                    try:
-                        p.ok(spec)
-                        p.ok("fetched")
+                    with fresh(spec) as p:
                         p.ok("warmup")
                         time.sleep(0.5)
                         (s_open, s_get, s_batch), _ = restore_and_batch(p, proxy, first, batch)
-                    finally:
-                        p.close(60)
                     # a warm executor (its JVM and worker served store w of the same checkpoint): open, first get,
                     # 1% of the keys of a store it holds no file of
                     p = probe()
@@ -217,15 +220,10 @@ def run(keys: int, latencies: list[int], out: Path, jvm_flags: tuple[str, ...] =
                     finally:
                         p.close(60)
                     # another fresh executor: open, full scan
-                    p = probe()
-                    try:
-                        p.ok(spec)
-                        p.ok("fetched")
+                    with fresh(spec) as p:
                         t_open2, _ = p.timed("open a 2")
                         t_scan, scanned = p.timed("scan a")
                         assert scanned[0] == str(keys - 3), scanned
-                    finally:
-                        p.close(60)
                     row = dict(latency_ms=latency, mode=mode, rep=rep, open_ms=t_open, first_get_ms=t_get,
                                open_first_get_ms=t_open + t_get, batch_ms=t_batch,
                                open_batch_ms=t_open + t_get + t_batch, scan_open_ms=t_open2, scan_ms=t_scan,

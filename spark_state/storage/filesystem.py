@@ -226,6 +226,11 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             f"spark_state deleted it. Restore an older version or start from a new checkpoint."
         )
 
+    def root_exists(self) -> bool:
+        """Whether the root exists: one request on an object store (the worker's storage warm-up sends it to set
+        its client's connection up before the first restore)."""
+        return self.fs.exists(self._base)
+
     def read_file(self, path: str, size: int | None = None) -> bytes:
         try:
             return self._cat(self._full(path), size)

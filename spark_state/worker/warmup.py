@@ -74,7 +74,7 @@ def warm_storage(root: str, fsync: bool = True) -> bool:
     connect = getattr(fs, "connect", None)
     if callable(connect) and hasattr(fs, "set_session"):   # an async filesystem's session, made without I/O
         connect()
-    fs.exists(storage._base)
+    storage.root_exists()
     return True
 
 
