@@ -1,12 +1,17 @@
 """One fsspec filesystem per process and options for the async ones (S3, GCS, Azure), whichever thread asks.
 
-fsspec caches its filesystem instances per thread (the thread's id is part of the cache key). The worker
-answers each JVM connection on a thread of its own, so a store first opened on a new thread made a new S3
-client: its HTTP session (aiobotocore loads the CA certificates into an SSL context, ~30 ms, even for an
-``http://`` endpoint), its connections and its first request's set-up, all inside that store's restore; the
-storage warm-up, on another thread, had paid for a client nobody used again. An async filesystem used
-synchronously runs every call on fsspec's one IO loop, so one instance serves every thread; an instance
-bound to a loop of its own (``asynchronous=True``) and every other filesystem are left to fsspec's cache.
+The worker answers each JVM connection on a thread of its own. fsspec before 2026.5 cached its filesystem
+instances per thread (the thread's id was part of the cache key; fsspec#2028 dropped it for async filesystems
+used synchronously): there, a store first opened on a new thread made a new S3 client, with its own HTTP
+session (aiobotocore loads the CA certificates into an SSL context, even for an ``http://`` endpoint) and
+connections, inside that store's restore, and the storage warm-up's client, made on its own thread, went
+unused. An async filesystem used synchronously runs every call on fsspec's one IO loop, so one instance serves
+every thread; ``shared`` gives every fsspec the project supports (``fsspec>=2024.6``) the newer behaviour.
+An instance bound to a loop of its own (``asynchronous=True``) and every other filesystem are left to fsspec.
+
+One client for the whole worker also means one connection pool: ``with_pool`` sizes it for an executor's
+concurrent requests (aiobotocore keeps 10 connections by default; every task's lookups, the image fills and
+the commits of an executor share them).
 """
 
 from __future__ import annotations
@@ -14,14 +19,14 @@ from __future__ import annotations
 import os
 import threading
 
+import fsspec.config
 from fsspec.asyn import AsyncFileSystem
 from fsspec.utils import tokenize
 
 _SHARED: dict[str, object] = {}
 _LOCK = threading.Lock()
 
-#: Connections one shared S3 client keeps at most (aiobotocore's default is 10): every task, fill and commit
-#: of the executor now goes through it, where each thread used to have a client and ten of its own.
+#: Connections the worker's S3 client keeps at most (aiobotocore's default is 10).
 S3_POOL_CONNECTIONS = 64
 
 
@@ -35,10 +40,14 @@ def shared(fs):
 
 
 def with_pool(protocol: str, storage_options: dict) -> dict:
-    """``storage_options`` with room for the executor's concurrent requests on a shared S3 client (a copy; the
-    caller's own ``max_pool_connections`` stays)."""
+    """``storage_options`` with room for the executor's concurrent requests on a shared S3 client (a copy). The
+    client's other settings stay what fsspec's configuration (its config files, ``FSSPEC_S3_*``) and the caller
+    give: an explicit ``config_kwargs`` would otherwise replace the configured one whole."""
     if protocol not in ("s3", "s3a"):
         return storage_options
-    config = dict(storage_options.get("config_kwargs") or {})
+    config = {}
+    for name in ("s3", "s3a"):
+        config.update((fsspec.config.conf.get(name) or {}).get("config_kwargs") or {})
+    config.update(storage_options.get("config_kwargs") or {})
     config.setdefault("max_pool_connections", S3_POOL_CONNECTIONS)
     return {**storage_options, "config_kwargs": config}
