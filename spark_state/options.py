@@ -143,9 +143,13 @@ class Settings:
 
     def reads_by_range(self, image_bytes: int) -> bool:
         """Whether a restore reads a remote row image of this size by range (``rowImages.rangeReads``)."""
-        if self.row_image_range_reads == "auto":
-            return image_bytes >= self.row_image_range_reads_min_size
-        return bool(self.row_image_range_reads)
+        mode = self.row_image_range_reads
+        if isinstance(mode, str):   # Settings made in code may hold the option's text
+            mode = mode.strip().lower()
+            if mode == "auto":
+                return image_bytes >= self.row_image_range_reads_min_size
+            return mode in ("true", "1", "yes")
+        return bool(mode)
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> "Settings":

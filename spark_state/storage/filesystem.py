@@ -39,8 +39,8 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         # filesystem object) would hide their files from reads and listings here (s3fs looks a file up
         # in a cached listing of its directory before asking S3). Storage is the only shared truth.
         storage_options.setdefault("use_listings_cache", False)
-        storage_options = instances.with_pool(fsspec.utils.get_protocol(root), storage_options)
         try:
+            storage_options = instances.with_pool(fsspec.utils.get_protocol(root), storage_options)
             fs, path = fsspec.core.url_to_fs(root, **storage_options)
             self.fs = instances.shared(fs)
         except (ValueError, ImportError) as err:

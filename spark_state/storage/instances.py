@@ -45,9 +45,12 @@ def with_pool(protocol: str, storage_options: dict) -> dict:
     give: an explicit ``config_kwargs`` would otherwise replace the configured one whole."""
     if protocol not in ("s3", "s3a"):
         return storage_options
+    given = [(fsspec.config.conf.get(name) or {}).get("config_kwargs") for name in ("s3", "s3a")]
+    given.append(storage_options.get("config_kwargs"))
+    if any(c is not None and not isinstance(c, dict) for c in given):
+        return storage_options   # not a mapping (an INI file's text): s3fs says what is wrong with it
     config = {}
-    for name in ("s3", "s3a"):
-        config.update((fsspec.config.conf.get(name) or {}).get("config_kwargs") or {})
-    config.update(storage_options.get("config_kwargs") or {})
+    for c in given:
+        config.update(c or {})
     config.setdefault("max_pool_connections", S3_POOL_CONNECTIONS)
     return {**storage_options, "config_kwargs": config}

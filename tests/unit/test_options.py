@@ -54,6 +54,7 @@ def test_range_reads_are_auto_by_default_from_their_minimum_size(value, small, l
     assert Settings.from_conf(settings.to_conf()) == settings
     lower = Settings.from_conf({"rowImages.rangeReadsMinSize": "1m"})
     assert lower.reads_by_range(1 << 20) and not lower.reads_by_range((1 << 20) - 1)
+    assert not Settings(row_image_range_reads="false").reads_by_range(1 << 30), "settings made in code, as text"
 
 
 @given(st.integers(1, 10**6), st.sampled_from([("", 1), ("k", 1024), ("m", 1024**2), ("MiB", 1024**2), ("g", 1024**3)]))

@@ -144,3 +144,8 @@ def test_the_pool_size_keeps_the_s3_client_settings_fsspecs_configuration_gives(
     fs = FileSystemCheckpointStorage(f"s3://{bucket}/state").fs
     assert fs.storage_options["config_kwargs"] == {"connect_timeout": 7,
                                                    "max_pool_connections": instances.S3_POOL_CONNECTIONS}
+
+
+def test_a_client_configuration_that_is_not_a_mapping_is_left_to_s3fs():
+    """An INI config file gives its values as text: the pool size is not merged into it (s3fs reports it)."""
+    assert instances.with_pool("s3", {"config_kwargs": "retries=3"}) == {"config_kwargs": "retries=3"}

@@ -67,6 +67,8 @@ final class CachedImage {
   long lastUse;
   /** Guarded by the cache: evicted (its file deleted); a new use makes a new entry. */
   boolean dropped;
+  /** Guarded by the cache: the cache said it had no room for this image's pages (logged once). */
+  boolean noRoomLogged;
 
   CachedImage(ImageCache cache, String key, String name, long size, Path file, int page) {
     this.cache = cache;
