@@ -66,7 +66,8 @@ def markdown(data: dict) -> str:
         f"{' --memory-limit ' + settings['memory_limit'] if settings.get('memory_limit') else ''}"
         f"{' --range-reads' if settings.get('range_reads') else ''}` "
         f"(`make soak MINUTES={settings.get('minutes', '?')}"
-        f"{' MEMORY_LIMIT=' + settings['memory_limit'] if settings.get('memory_limit') else ''}`) at git `{s.get('git', '?')}`, "
+        f"{' MEMORY_LIMIT=' + settings['memory_limit'] if settings.get('memory_limit') else ''}"
+        f"{' RANGE_READS=1' if settings.get('range_reads') else ''}`) at git `{s.get('git', '?')}`, "
         f"{_when(s.get('started'))}, on the 2-core machine shared with other work (niceness {s.get('niceness', '?')}). "
         f"Result: **{'PASSED' if s.get('passed') else 'FAILED' if s else 'INCOMPLETE (no end checks recorded)'}**.",
         "",

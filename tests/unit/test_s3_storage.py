@@ -149,3 +149,19 @@ def test_the_pool_size_keeps_the_s3_client_settings_fsspecs_configuration_gives(
 def test_a_client_configuration_that_is_not_a_mapping_is_left_to_s3fs():
     """An INI config file gives its values as text: the pool size is not merged into it (s3fs reports it)."""
     assert instances.with_pool("s3", {"config_kwargs": "retries=3"}) == {"config_kwargs": "retries=3"}
+
+
+def test_the_tools_see_a_file_written_after_they_listed_its_folder(bucket):
+    """A driver that ran one tool (listing a store's folder: a rescale) and later another (a savepoint copying a
+    snapshot a compaction wrote meanwhile): s3fs's listings cache made the new file missing for the process's
+    life. Found by the soak: a savepoint of a query just rescaled failed three times on a snapshot it could see."""
+    from spark_state.storage.directory import Dir
+
+    root = f"s3://{bucket}/tools-{uuid.uuid4().hex[:8]}"
+    tools = Dir(root)
+    tools.write("shared/a.arrow", b"a")
+    assert tools.listdir("shared") == ["a.arrow"]
+    fsspec.filesystem("s3", skip_instance_cache=True).pipe_file(f"{root.removeprefix('s3://')}/shared/b.arrow", b"bb")
+    again = Dir(root)   # the next tool of the same process
+    assert again.read("shared/b.arrow") == b"bb"
+    assert again.size("shared/b.arrow") == 2 and sorted(again.listdir("shared")) == ["a.arrow", "b.arrow"]
