@@ -109,9 +109,11 @@ bench-large: install
 MINUTES ?= 60
 # MEMORY_LIMIT=256k: a memoryLimit small enough that every store spills into sorted runs (results in soak-spill/)
 MEMORY_LIMIT ?=
-SOAK_OUT ?= benchmarks/results/soak$(if $(MEMORY_LIMIT),-spill)
+# RANGE_READS=1: a row image beside every snapshot, read by range from S3 on every restore (results in soak-range/)
+RANGE_READS ?=
+SOAK_OUT ?= benchmarks/results/soak$(if $(MEMORY_LIMIT),-spill)$(if $(RANGE_READS),-range)
 soak: install
-	$(PY) -m benchmarks.soak --minutes $(MINUTES) --out $(SOAK_OUT) $(if $(MEMORY_LIMIT),--memory-limit $(MEMORY_LIMIT))
+	$(PY) -m benchmarks.soak --minutes $(MINUTES) --out $(SOAK_OUT) $(if $(MEMORY_LIMIT),--memory-limit $(MEMORY_LIMIT)) $(if $(RANGE_READS),--range-reads)
 
 clean:
 	rm -rf $(VENV) jvm-shim/build build dist .pytest_cache .hypothesis

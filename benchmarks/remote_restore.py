@@ -273,8 +273,8 @@ def write(result: dict, out: Path) -> None:
         f"for the task, with `spark.plugins` as `spark_state.configure` sets it); "
         f"`warm`: an executor whose JVM and worker served another store of the checkpoint before (a task "
         f"moving to an executor that was running). `range`: "
-        f"rowImages.rangeReads=true, `download`: false (the default: the whole image downloaded before "
-        f"the first get). Batch: gets of {result['batch_keys']:,} keys (1%) after the open; no puts, no commit. "
+        f"rowImages.rangeReads=true, `download`: false (the whole image downloaded before the first get; "
+        f"the default, auto, reads images of 64 MiB or more by range). Batch: gets of {result['batch_keys']:,} keys (1%) after the open; no puts, no commit. "
         f"{_runs_note(result.get('repeat', 1))}",
         "",
         "| latency | mode | getStore + first get (cold) | (started) | (warm) | open + 1% gets (cold) | (started) "

@@ -27,6 +27,10 @@ MAX_MAX_PARALLELISM = 2**31 - 1
 DEFAULT_MEMORY_MAX_STATE_SIZE = 5 * 1024 * 1024
 #: Snapshots with fewer rows get no row image: loading them whole takes about as long as opening one.
 DEFAULT_ROW_IMAGES_MIN_ROWS = 100_000
+#: Bytes from which ``rowImages.rangeReads=auto`` reads a remote row image by range (64 MiB, about 6M rows of
+#: long keys and values): below it a download is faster for a batch that touches most blocks
+#: (benchmarks/results/remote-restore/, docs/large-state.md).
+DEFAULT_RANGE_READS_MIN_SIZE = 64 << 20
 
 STORAGES = ("filesystem", "memory")
 
@@ -82,6 +86,15 @@ def _choice(name: str, raw: str, choices: tuple[str, ...]) -> str:
     return value
 
 
+def _auto_or_bool(name: str, raw: str) -> bool | str:
+    if str(raw).strip().lower() == "auto":
+        return "auto"
+    try:
+        return _bool(name, raw)
+    except OptionError:
+        raise OptionError(f"{PREFIX}{name}={raw!r} is not known; use auto, true or false.") from None
+
+
 def _url(name: str, raw: str) -> str | None:
     value = str(raw).strip()
     if not value:
@@ -124,8 +137,19 @@ class Settings:
     row_images: bool = True
     row_images_min_rows: int = DEFAULT_ROW_IMAGES_MIN_ROWS
     memory_limit: int | None = None   # None: the JVM's default, from Spark's memory model (DESCRIPTIONS)
-    row_image_range_reads: bool = False   # opt-in: it pays only for large images (docs/large-state.md)
+    row_image_range_reads: bool | str = "auto"   # "auto": by range from row_image_range_reads_min_size
+    row_image_range_reads_min_size: int = DEFAULT_RANGE_READS_MIN_SIZE
     row_image_cache_size: int | None = None   # None: the JVM's default, from the local disk's free space
+
+    def reads_by_range(self, image_bytes: int) -> bool:
+        """Whether a restore reads a remote row image of this size by range (``rowImages.rangeReads``)."""
+        mode = self.row_image_range_reads
+        if isinstance(mode, str):   # Settings made in code may hold the option's text
+            mode = mode.strip().lower()
+            if mode == "auto":
+                return image_bytes >= self.row_image_range_reads_min_size
+            return mode in ("true", "1", "yes")
+        return bool(mode)
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> "Settings":
@@ -183,7 +207,8 @@ _SPECS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "rowImages": ("row_images", _bool),
     "rowImages.minRows": ("row_images_min_rows", lambda n, r: _positive_int(n, r, 0, MAX_MAX_PARALLELISM)),
     "memoryLimit": ("memory_limit", _size),
-    "rowImages.rangeReads": ("row_image_range_reads", _bool),
+    "rowImages.rangeReads": ("row_image_range_reads", _auto_or_bool),
+    "rowImages.rangeReadsMinSize": ("row_image_range_reads_min_size", _size),
     "rowImages.cacheSize": ("row_image_cache_size", _size),
 }
 
@@ -219,14 +244,16 @@ DESCRIPTIONS = {
                     "buffers; e.g. 512m or 2g. Above it a store spills its rows to local disk. Default: half of the "
                     "user memory Spark's memory model leaves, 0.5 * (heap - 300 MiB) * (1 - spark.memory.fraction) "
                     "(145 MiB of a 1 GiB heap with the default fraction 0.6), computed by the JVM."),
-    "rowImages.rangeReads": ("On remote checkpoint storage (S3, GCS, ADLS, HDFS, ...), a restore reads the row "
-                             "image's index and the blocks its keys need by byte range, and fetches the rest into "
-                             "the executor's local cache in the background; false: it downloads the whole image "
-                             "before the first get. Local and NFS checkpoints are read in place either way. "
-                             "Default false: range reads win only for large images (at 10M keys per partition the "
-                             "first get comes in 0.1-0.4x the time, a batch touching most blocks costs about "
-                             "the same; at 1M keys a download is faster): docs/large-state.md, \"Restores on "
-                             "object storage\"."),
+    "rowImages.rangeReads": ("On remote checkpoint storage (S3, GCS, ADLS, HDFS, ...), how a restore reads a row "
+                             "image: true, by byte range (its index and the blocks its keys need, the rest fetched "
+                             "into the executor's local cache in the background); false, downloaded whole before "
+                             "the first get; auto, by range when the image has rowImages.rangeReadsMinSize bytes or "
+                             "more. Local and NFS checkpoints are read in place either way. Default auto: at 10M "
+                             "keys per partition range reads give the first get in 0.1-0.2x the time and a batch "
+                             "touching most blocks in about 0.9x; at 3M keys a download is faster for that batch: "
+                             "docs/large-state.md, \"Restores on object storage\"."),
+    "rowImages.rangeReadsMinSize": ("With rowImages.rangeReads=auto, the size from which a remote row image is read "
+                                    "by range, e.g. 64m. Default 64 MiB (about 6M keys of a long key and value)."),
     "rowImages.cacheSize": ("Local disk an executor may use for the blocks of remote row images, all its stores "
                             "together (under spark.local.dir; least recently used images are evicted), e.g. 20g. "
                             "Default: half of the free space of that disk when the executor first needs it."),

@@ -30,6 +30,9 @@ def main(argv=None) -> int:
     ap.add_argument("--first", default="", help="comma-separated fault kinds the schedule starts with")
     ap.add_argument("--memory-limit", help="spark_state's memoryLimit, e.g. 256k: small enough that every store "
                                            "spills into sorted runs (default: spark_state's default)")
+    ap.add_argument("--range-reads", action="store_true",
+                    help="a row image beside every snapshot (rowImages.minRows=0), read by range on every restore "
+                         "(rowImages.rangeReads=true): restores fetch blocks from S3 through the faults")
     ap.add_argument("--report-only", action="store_true", help="rebuild the report from what --out recorded")
     ap.add_argument("--keep", action="store_true", help="keep the working directory")
     args = ap.parse_args(argv)
@@ -40,7 +43,7 @@ def main(argv=None) -> int:
     cfg = Settings(minutes=args.minutes, out=args.out, workdir=workdir, seed=args.seed, mean_gap_s=args.fault_every, tick_s=args.tick,
                    grace_s=args.grace, orphan_slack_s=args.orphan_slack, orphan_patience_s=args.orphan_patience,
                    every_kind=args.every_kind, first_kinds=tuple(k for k in args.first.split(",") if k),
-                   memory_limit=args.memory_limit)
+                   memory_limit=args.memory_limit, range_reads=args.range_reads)
     summary = run(cfg)
     write_report(args.out)
     print(f"report: {args.out / 'results.md'}; working directory {workdir}", file=sys.stderr)

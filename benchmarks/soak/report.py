@@ -63,9 +63,11 @@ def markdown(data: dict) -> str:
         "# Chaos soak: two executors, state on S3 behind a fault-injecting proxy",
         "",
         f"`python -m benchmarks.soak --minutes {settings.get('minutes', '?')} --seed {settings.get('seed', '?')}"
-        f"{' --memory-limit ' + settings['memory_limit'] if settings.get('memory_limit') else ''}` "
+        f"{' --memory-limit ' + settings['memory_limit'] if settings.get('memory_limit') else ''}"
+        f"{' --range-reads' if settings.get('range_reads') else ''}` "
         f"(`make soak MINUTES={settings.get('minutes', '?')}"
-        f"{' MEMORY_LIMIT=' + settings['memory_limit'] if settings.get('memory_limit') else ''}`) at git `{s.get('git', '?')}`, "
+        f"{' MEMORY_LIMIT=' + settings['memory_limit'] if settings.get('memory_limit') else ''}"
+        f"{' RANGE_READS=1' if settings.get('range_reads') else ''}`) at git `{s.get('git', '?')}`, "
         f"{_when(s.get('started'))}, on the 2-core machine shared with other work (niceness {s.get('niceness', '?')}). "
         f"Result: **{'PASSED' if s.get('passed') else 'FAILED' if s else 'INCOMPLETE (no end checks recorded)'}**.",
         "",
@@ -78,6 +80,8 @@ def markdown(data: dict) -> str:
         f"{' / '.join(str(queries.get(n, {}).get('batches', '?')) for n in ('agg', 'sessions', 'dedup', 'join'))} |",
         f"| rows emitted | {sum(q.get('rows_out', 0) for q in queries.values())} |",
         f"| memoryLimit | {settings.get('memory_limit') or 'default'} |",
+        f"| row images read by range on every restore (rowImages.rangeReads=true, minRows=0) | "
+        f"{'yes' if settings.get('range_reads') else 'no (the defaults)'} |",
         f"| spills into sorted runs (agg / sessions / dedup / join) | "
         f"{' / '.join(str(sum(p.get('spills', 0) for p in progress if p.get('query') == n)) for n in ('agg', 'sessions', 'dedup', 'join'))} |",
         f"| batch duration with input, median / p95 / max | {_pct(durations)} |",

@@ -56,6 +56,8 @@ class Settings:
     first_kinds: tuple[str, ...] = ()   # the kinds the schedule starts with
     #: spark_state's memoryLimit (None: the default); a small one makes every store spill into sorted runs
     memory_limit: str | None = None
+    #: images beside every snapshot, read by range on every restore (rowImages.rangeReads=true)
+    range_reads: bool = False
 
 
 class Producer(threading.Thread):
@@ -91,6 +93,8 @@ def run(cfg: Settings) -> dict:
                "file_grace_period": f"{cfg.grace_s:g}s"}
     if cfg.memory_limit:
         options["memory_limit"] = cfg.memory_limit
+    if cfg.range_reads:
+        options.update(row_images_min_rows=0, row_image_range_reads=True)
     world = World(cfg.workdir, seed=cfg.seed, options=options)
     world.tool_options = {"checkpointRoot": STATE_ROOT, "fileGracePeriod": f"{cfg.grace_s:g}s"}
     world.savepoints = f"s3://{BUCKET}/savepoints"

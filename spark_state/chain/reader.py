@@ -247,7 +247,7 @@ class ChainReader:
         """`version` for a reader that looks keys up in row images: when its chain starts with a snapshot
         that has one, that image and only the changes after it; else every row, as ``load_checked``. The image
         is opened where it is on a local disk; on remote storage, with ``ranges`` (a reader that fetches blocks
-        by byte range, and the option ``rowImages.rangeReads``), named with its tail (``rowimage.read_tail``,
+        by byte range, and ``rowImages.rangeReads`` for an image of its size), named with its tail (``rowimage.read_tail``,
         read while the changes are), else copied whole into `cache_dir`. An image that is missing, damaged or
         not the size its entry says costs only the laziness: the rows are loaded instead (the image is never
         the truth).
@@ -269,7 +269,7 @@ class ChainReader:
             return self.load_checked(version, known_commit_id, ordered=False, lineage=lineage)
         try:
             self.check_parallelism(view.manifest)
-            remote = ranges and self.ctx.settings.row_image_range_reads and self.ctx.storage.local_path(
+            remote = ranges and self.ctx.settings.reads_by_range(base.image.size) and self.ctx.storage.local_path(
                 base.image.path) is None
             tally: list[int] = []
             if remote:   # the tail and the changes at once: one round trip of the storage, not two

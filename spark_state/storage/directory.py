@@ -40,7 +40,10 @@ class Dir:
         self.url = as_url(url) if base is None else url
         if fs is None:
             try:
-                fs, base = fsspec.core.url_to_fs(self.url)
+                # no listings cache: a long-lived process (a driver that rescales, then saves a point) would
+                # otherwise take a file written since it last listed its folder for missing (s3fs looks a
+                # file up in a cached listing before asking S3), as FileSystemCheckpointStorage does
+                fs, base = fsspec.core.url_to_fs(self.url, use_listings_cache=False)
             except (ValueError, ImportError) as err:
                 raise StorageError(
                     f"cannot open {self.url!r}: {err}. Use a URL fsspec knows, e.g. file:///data/ckpt or "

@@ -17,9 +17,10 @@ from contextlib import contextmanager
 from typing import Iterable, Sequence
 
 import fsspec
+import fsspec.utils
 
 from spark_state.errors import StorageError, StoreDeleted
-from spark_state.storage import atomic
+from spark_state.storage import atomic, instances
 from spark_state.storage.base import CheckpointStorage, DataFileWriter
 from spark_state.storage.layout import (COMPACTION_NAME, LINEAGE_PREFIX, MANIFEST_NAME, SHARED_DIR, lineage_of,
                                        record_path, version_dir_of)
@@ -39,7 +40,9 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         # in a cached listing of its directory before asking S3). Storage is the only shared truth.
         storage_options.setdefault("use_listings_cache", False)
         try:
-            self.fs, path = fsspec.core.url_to_fs(root, **storage_options)
+            storage_options = instances.with_pool(fsspec.utils.get_protocol(root), storage_options)
+            fs, path = fsspec.core.url_to_fs(root, **storage_options)
+            self.fs = instances.shared(fs)
         except (ValueError, ImportError) as err:
             raise StorageError(
                 f"cannot use checkpoint storage URL {root!r}: {err}. Use a URL fsspec knows, e.g. "

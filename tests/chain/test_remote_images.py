@@ -171,6 +171,24 @@ def test_range_reads_off_downloads_and_local_checkpoints_are_read_in_place(bucke
     assert lazily(local, 6, tmp_path / "cache2") == row_bytes(typed(live))
 
 
+def test_auto_reads_by_range_from_the_minimum_size_and_downloads_smaller_images(bucket, tmp_path):
+    """The default, ``rowImages.rangeReads=auto``: an image of ``rowImages.rangeReadsMinSize`` bytes or more is
+    read by range, a smaller one downloaded (a download is faster for small images, docs/large-state.md)."""
+    store, live = compacted_store(f"s3://{bucket}/{uuid.uuid4().hex}", row_image_range_reads="auto")
+    size = store.reader.view(6).chain[0].image.size
+    assert store.ctx.settings.row_image_range_reads_min_size > size, "the test image must be small"
+    loaded = store.load_lazy(6, cache_dir=str(tmp_path / "small"), ranges=True)
+    assert not loaded.image.remote and loaded.image.temporary, "below the minimum size: downloaded"
+    store, live = compacted_store(f"s3://{bucket}/{uuid.uuid4().hex}", row_image_range_reads="auto",
+                                  row_image_range_reads_min_size=size)
+    loaded = store.load_lazy(6, cache_dir=str(tmp_path / "large"), ranges=True)
+    assert loaded.image.remote and loaded.image.size == size and loaded.image.tail is not None, "at it: by range"
+    assert not (tmp_path / "large").exists() or not list((tmp_path / "large").iterdir()), "nothing downloaded"
+    store, _ = compacted_store(f"s3://{bucket}/{uuid.uuid4().hex}", row_image_range_reads="auto",
+                               row_image_range_reads_min_size=size + 1)
+    assert not store.load_lazy(6, cache_dir=str(tmp_path / "above"), ranges=True).image.remote
+
+
 def test_a_download_whose_load_fails_is_deleted(bucket, tmp_path):
     """A load that downloaded the image, then could not read a change after it (a delta gone): the copy, as big
     as the snapshot, does not stay in the worker's directory (each of Spark's retries would add one)."""

@@ -7,6 +7,7 @@ evicts, and a copy that vanished, shrank or was damaged costs a fetch, never a w
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 import time
 import uuid
@@ -307,6 +308,55 @@ def test_the_cache_is_bounded_and_evicts_the_least_recently_used_idle_copy(endpo
         assert len(kept) == 1, "the two older copies were evicted"
         probe.ok("open a 2")   # evicted: fetched again, right
         assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
+    finally:
+        probe.close()
+
+
+def test_a_cache_too_small_for_the_images_being_read_says_so_once_and_answers_right(endpoint, classes, tmp_path):
+    """Images that stores read fill the cache: their missing blocks are fetched each time a lookup reads them
+    (a request per block read, no fill), which the executor says once per image, naming the option."""
+    probe = Probe(classes, tmp_path, "-Dspark_state.imageCachePage=4096")
+    try:
+        root = s3_root(endpoint)
+        build(probe, "a", tmp_path / "ckpt", 0, root)
+        probe.provider("a", tmp_path / "ckpt", 0, f"checkpointRoot={root}", *IMAGES, "rowImages.cacheSize=16k")
+        probe.ok("open a 2")
+        before = probe.fetched()
+        assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
+        [copy] = probe.cached()
+        assert copy["reserved"] <= 16 << 10, copy
+        # no fill: each block a lookup first reads is a request of its own (the heap's block cache keeps it)
+        assert probe.fetched()[1] - before[1] > 40, (probe.fetched(), before)
+        probe.log.seek(0)
+        warnings = [line for line in probe.log.read().splitlines() if "cache of remote row images is full" in line]
+        assert len(warnings) == 1 and " WARN " in warnings[0] and "rowImages.cacheSize" in warnings[0], warnings
+    finally:
+        probe.close()
+
+
+def test_an_executor_that_cannot_keep_a_local_copy_restores_from_the_downloaded_image(endpoint, classes, tmp_path):
+    """The local copy of a remote image cannot be made (its folder is not a folder: a broken local dir): the
+    restore downloads the image into the worker's directory and opens it, rather than loading every row."""
+    probe = Probe(classes, tmp_path)
+    try:
+        build(probe, "a", tmp_path / "ckpt", 0, s3_root(endpoint))
+        probe.ok("open a 2")
+        assert probe.ok("get a 5") == ["5"]
+        [copy] = probe.cached()
+        probe.ok("release a")
+        folder = copy["local"].parent
+        shutil.rmtree(folder)
+        folder.write_text("not a folder")
+        before = probe.fetched()
+        probe.ok("open a 2")
+        assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
+        assert probe.ok("check a 0 3 0") == ["3"]
+        assert probe.fetched() == before, "no range read: the image was downloaded"
+        probe.log.seek(0)
+        log = probe.log.read()
+        after = log[log.rindex("by range (java.nio.file.FileAlreadyExistsException"):]
+        assert "loaded version 2 of" in after and "lazily" in after.split("loaded version 2 of", 1)[1].split("\n")[0], \
+            after[-2000:]
     finally:
         probe.close()
 

@@ -30,6 +30,8 @@ def test_other_spark_keys_are_ignored():
     ("memory.maxStateSize", "five", ["maxStateSize", "5m"]),
     ("checkpointRoot", "relative/dir", ["checkpointRoot", "absolute"]),
     ("verifyChecksums", "maybe", ["verifyChecksums", "true or false"]),
+    ("rowImages.rangeReads", "sometimes", ["rowImages.rangeReads", "'sometimes'", "auto, true or false"]),
+    ("rowImages.rangeReadsMinSize", "0", ["rangeReadsMinSize", "positive"]),
     ("snapshotIntervall", "3", ["unknown option", "snapshotIntervall", "snapshotInterval"]),
 ])
 def test_bad_values_name_the_option_and_the_fix(key, value, must_say):
@@ -37,6 +39,22 @@ def test_bad_values_name_the_option_and_the_fix(key, value, must_say):
         Settings.from_conf({PREFIX + key: value})
     for text in must_say:
         assert text in str(err.value)
+
+
+@pytest.mark.parametrize("value, small, large", [
+    (None, False, True),       # the default, auto: by range from 64 MiB
+    ("auto", False, True),
+    ("true", True, True),
+    ("FALSE", False, False),
+])
+def test_range_reads_are_auto_by_default_from_their_minimum_size(value, small, large):
+    settings = Settings.from_conf({} if value is None else {"rowImages.rangeReads": value})
+    assert settings.reads_by_range((64 << 20) - 1) is small
+    assert settings.reads_by_range(64 << 20) is large
+    assert Settings.from_conf(settings.to_conf()) == settings
+    lower = Settings.from_conf({"rowImages.rangeReadsMinSize": "1m"})
+    assert lower.reads_by_range(1 << 20) and not lower.reads_by_range((1 << 20) - 1)
+    assert not Settings(row_image_range_reads="false").reads_by_range(1 << 30), "settings made in code, as text"
 
 
 @given(st.integers(1, 10**6), st.sampled_from([("", 1), ("k", 1024), ("m", 1024**2), ("MiB", 1024**2), ("g", 1024**3)]))

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import fsspec
+import fsspec.config
 import pyarrow as pa
 import pytest
 
 from spark_state.chain import forget_stores, open_store
 from spark_state.errors import ChecksumMismatch, VersionNotFound
 from spark_state.options import Settings
+from spark_state.storage import instances
+from spark_state.storage.filesystem import FileSystemCheckpointStorage
 from spark_state.storage.layout import StoreRef
+from spark_state.worker.warmup import warm_storage
 from tests.support import s3_server
 from tests.support.changes import as_dict, changes_table
 
@@ -74,3 +79,89 @@ def test_corrupted_object_on_s3_is_named(bucket):
     with pytest.raises(ChecksumMismatch) as err:
         _store(bucket).load(latest)
     assert victim.rsplit("/", 1)[-1] in str(err.value)
+
+
+def test_stores_opened_on_other_threads_use_the_client_the_warm_up_made(bucket):
+    """The worker answers each JVM connection on a thread of its own; where fsspec cached filesystems per thread
+    (before 2026.5), a store first opened on a new thread made a new S3 client (an HTTP session, an SSL context,
+    its own connections) inside its restore, while the storage warm-up's client went unused."""
+    root = f"s3://{bucket}/state"
+    warmed = {}
+
+    def warm():
+        assert warm_storage(root)
+        warmed["fs"] = FileSystemCheckpointStorage(root).fs
+        warmed["client"] = warmed["fs"]._s3
+
+    thread = threading.Thread(target=warm)
+    thread.start()
+    thread.join()
+    assert warmed["client"] is not None, "the warm-up made no client"
+    forget_stores()
+    store = _store(bucket)   # on this thread, at the store's own root beneath the checkpoint root
+    store.commit((store.latest_version() or 0) + 1, _changes({1: b"one"}))
+    assert store.ctx.storage.fs is warmed["fs"]
+    assert store.ctx.storage.fs._s3 is warmed["client"]
+
+
+def test_a_shared_s3_client_keeps_room_for_an_executors_requests_and_the_users_own_pool_size(bucket):
+    root = f"s3://{bucket}/state"
+    default = FileSystemCheckpointStorage(root).fs
+    assert default.storage_options["config_kwargs"]["max_pool_connections"] == instances.S3_POOL_CONNECTIONS
+    own = FileSystemCheckpointStorage(root, config_kwargs={"max_pool_connections": 5}).fs
+    assert own.storage_options["config_kwargs"] == {"max_pool_connections": 5}
+    assert own is not default, "other options are another client"
+
+
+def test_two_s3_filesystems_of_the_same_options_become_one_and_other_options_stay_apart():
+    """What fsspec before 2026.5 did per thread (two instances of equal options), ``shared`` makes one."""
+    import s3fs
+
+    first = s3fs.S3FileSystem(skip_instance_cache=True, anon=False, config_kwargs={"connect_timeout": 3})
+    second = s3fs.S3FileSystem(skip_instance_cache=True, anon=False, config_kwargs={"connect_timeout": 3})
+    other = s3fs.S3FileSystem(skip_instance_cache=True, anon=False, config_kwargs={"connect_timeout": 4})
+    assert first is not second
+    assert instances.shared(first) is first
+    assert instances.shared(second) is first
+    assert instances.shared(other) is other
+    bound = s3fs.S3FileSystem(skip_instance_cache=True, asynchronous=True, anon=False,
+                              config_kwargs={"connect_timeout": 3})
+    assert instances.shared(bound) is bound, "an instance on a loop of its own is never shared"
+
+
+def test_only_async_filesystems_used_synchronously_are_shared(tmp_path):
+    local = fsspec.filesystem("file")
+    assert instances.shared(local) is local
+    memory = fsspec.filesystem("memory")
+    assert instances.shared(memory) is memory
+    assert instances.with_pool("file", {"auto_mkdir": True}) == {"auto_mkdir": True}
+
+
+def test_the_pool_size_keeps_the_s3_client_settings_fsspecs_configuration_gives(bucket, monkeypatch):
+    """Users set s3fs up through fsspec's configuration (its config files, ``FSSPEC_S3_*``): the pool size joins
+    those client settings rather than replacing them."""
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"config_kwargs": {"connect_timeout": 7}})
+    fs = FileSystemCheckpointStorage(f"s3://{bucket}/state").fs
+    assert fs.storage_options["config_kwargs"] == {"connect_timeout": 7,
+                                                   "max_pool_connections": instances.S3_POOL_CONNECTIONS}
+
+
+def test_a_client_configuration_that_is_not_a_mapping_is_left_to_s3fs():
+    """An INI config file gives its values as text: the pool size is not merged into it (s3fs reports it)."""
+    assert instances.with_pool("s3", {"config_kwargs": "retries=3"}) == {"config_kwargs": "retries=3"}
+
+
+def test_the_tools_see_a_file_written_after_they_listed_its_folder(bucket):
+    """A driver that ran one tool (listing a store's folder: a rescale) and later another (a savepoint copying a
+    snapshot a compaction wrote meanwhile): s3fs's listings cache made the new file missing for the process's
+    life. Found by the soak: a savepoint of a query just rescaled failed three times on a snapshot it could see."""
+    from spark_state.storage.directory import Dir
+
+    root = f"s3://{bucket}/tools-{uuid.uuid4().hex[:8]}"
+    tools = Dir(root)
+    tools.write("shared/a.arrow", b"a")
+    assert tools.listdir("shared") == ["a.arrow"]
+    fsspec.filesystem("s3", skip_instance_cache=True).pipe_file(f"{root.removeprefix('s3://')}/shared/b.arrow", b"bb")
+    again = Dir(root)   # the next tool of the same process
+    assert again.read("shared/b.arrow") == b"bb"
+    assert again.size("shared/b.arrow") == 2 and sorted(again.listdir("shared")) == ["a.arrow", "b.arrow"]

@@ -341,10 +341,15 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     long t0 = System.nanoTime();
     String knownId = known == null ? null : known.commitId;
     boolean lazy = !IMAGES_FAILED.contains(stateStoreId);
-    StoreClient.Answer<Loaded> answer = client.load(version, knownId, lineage, lazy, (rows, commitId, image, state) ->
-        image == null ? decodeWhole(version, rows, commitId, state) : onImage(version, rows, commitId, image, state));
+    StoreClient.Loader<Loaded> loader = (rows, commitId, image, state) ->
+        image == null ? decodeWhole(version, rows, commitId, state) : onImage(version, rows, commitId, image, state);
+    StoreClient.Answer<Loaded> answer = client.load(version, knownId, lineage, lazy, loader);
     long bytesRead = answer.bytesRead();
-    if (answer.value() == IMAGE_UNUSABLE) {
+    if (answer.value() == REMOTE_IMAGE_UNUSABLE) {   // no local copy of it here: the image downloaded whole may open
+      answer = client.load(version, knownId, lineage, true, false, loader);
+      bytesRead += answer.bytesRead();
+    }
+    if (answer.value() == IMAGE_UNUSABLE || answer.value() == REMOTE_IMAGE_UNUSABLE) {
       answer = client.load(version, knownId, lineage, false, (rows, commitId, image, state) ->
           decodeWhole(version, rows, commitId, state));
       bytesRead += answer.bytesRead();
@@ -377,6 +382,12 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
   /** What a lazy load answers when the row image it names cannot be opened: load again, whole rows. */
   private static final Loaded IMAGE_UNUSABLE = new Loaded(null, 0, 0, false);
 
+  /**
+   * What a lazy load answers when a remote image to read by range cannot be opened (its local copy cannot be
+   * made: the executor's local disk): load again with the image downloaded, then whole rows.
+   */
+  private static final Loaded REMOTE_IMAGE_UNUSABLE = new Loaded(null, 0, 0, false);
+
   private Loaded decodeWhole(long version, long rows, String commitId, InputStream state) throws IOException {
     StateMap map = newMap(rows);
     try {
@@ -398,7 +409,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
         ? Engine.executor().restore(spec, remoteImage(image), image.rows, changes)
         : Engine.executor().restore(spec, image.path, image.rows, image.temporary, changes);
     if (restore == null) {
-      return IMAGE_UNUSABLE;
+      return image.remote() ? REMOTE_IMAGE_UNUSABLE : IMAGE_UNUSABLE;
     }
     try {
       boolean typed = image.typed;

@@ -152,7 +152,7 @@ public final class Engine {
    * sent (no request), its blocks read by range through the executor's {@link ImageCache} as lookups need
    * them, its key filter and the rest of its bytes fetched into the local copy in the background once its
    * first lookup has its block (or {@link ImageCache#FILL_DELAY_MS} after the open). Null, logged, when the
-   * image cannot be used (the caller loads the rows instead).
+   * image cannot be used (the caller loads the version again with the image downloaded, then its rows).
    */
   public Restore restore(StoreSpec spec, RemoteImage remote, long rows, long expectedChanges) {
     RowImage image;
@@ -167,8 +167,8 @@ public final class Engine {
             + " rows");
       }
     } catch (IOException | RuntimeException e) {
-      LOG.warn("spark_state: cannot use the row image {} ({}); loading the version's rows instead", remote.id,
-          e.toString());
+      LOG.warn("spark_state: cannot read the row image {} by range ({}); loading the version again with the image "
+          + "downloaded, else its rows", remote.id, e.toString());
       return null;
     }
     source.startSoon(() -> {

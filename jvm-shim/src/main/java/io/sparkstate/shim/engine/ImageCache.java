@@ -163,7 +163,7 @@ final class ImageCache {
         idle += c != image && c.users == 0 ? c.reserved : 0;
       }
       if (used - idle + bytes > cap) {
-        return false;   // evicting every idle image would not make room: keep them for later restores
+        return noRoom(image, cap);   // evicting every idle image would not make room: keep them for later restores
       }
     }
     while (used + bytes > cap) {
@@ -174,13 +174,28 @@ final class ImageCache {
         }
       }
       if (victim == null) {
-        return false;
+        return noRoom(image, cap);
       }
       evict(victim);
     }
     used += bytes;
     image.reserved += bytes;
     return true;
+  }
+
+  /**
+   * The images being read fill the cache: {@code image}'s missing pages are fetched each time a lookup reads
+   * them, and its fill stops. Said once per image, as a request per block read is what a batch then costs.
+   */
+  private boolean noRoom(CachedImage image, long cap) {
+    if (!image.noRoomLogged) {
+      image.noRoomLogged = true;
+      LOG.warn("spark_state: the local cache of remote row images is full ({} MiB used of {} MiB, option "
+          + "rowImages.cacheSize, default half the free space of spark.local.dir's disk) with images stores are "
+          + "reading; the missing blocks of {} ({} MiB) are fetched from checkpoint storage each time a lookup "
+          + "reads them", used >> 20, cap >> 20, image.name, image.size >> 20);
+    }
+    return false;
   }
 
   /** Pages of {@code image} that went missing again give their room back. */

@@ -45,14 +45,9 @@ final class RemoteSource implements BlockSource {
   @Override
   public byte[] read(long position, int length) throws IOException {
     RemoteImage t = tail;
-    if (t != null) {
-      for (int i = 0; i < t.tail.length; i++) {
-        if (t.tailFrom[i] <= position && position + length <= t.tailTo[i]) {
-          byte[] out = new byte[length];
-          System.arraycopy(t.tail[i], (int) (position - t.tailFrom[i]), out, 0, length);
-          return out;
-        }
-      }
+    byte[] fromTail = t == null ? null : fromTail(t, position, length);
+    if (fromTail != null) {
+      return fromTail;
     }
     try {
       return image.read(position, length, reader);
@@ -61,6 +56,18 @@ final class RemoteSource implements BlockSource {
     } catch (IOException e) {
       throw RowImageException.unfetched(name(), e);
     }
+  }
+
+  /** The bytes from the tail the load sent, when they are in one of its pieces (the image's open reads them). */
+  private static byte[] fromTail(RemoteImage t, long position, int length) {
+    for (int i = 0; i < t.tail.length; i++) {
+      if (t.tailFrom[i] <= position && position + length <= t.tailTo[i]) {
+        byte[] out = new byte[length];
+        System.arraycopy(t.tail[i], (int) (position - t.tailFrom[i]), out, 0, length);
+        return out;
+      }
+    }
+    return null;
   }
 
   @Override

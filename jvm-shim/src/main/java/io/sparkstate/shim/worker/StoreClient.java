@@ -237,6 +237,16 @@ public final class StoreClient {
    */
   public <T> Answer<T> load(long version, String knownCommitId, String checkpointId, boolean images,
       Loader<T> loader) {
+    return load(version, knownCommitId, checkpointId, images, images, loader);
+  }
+
+  /**
+   * {@code load} whose remote row image comes by range ({@code ranges}: its tail, then {@code fetch}es) as the
+   * option {@code rowImages.rangeReads} decides, or, with {@code ranges} false, downloaded into the worker's
+   * directory whatever the option says (an executor whose local copy of remote images cannot be made).
+   */
+  public <T> Answer<T> load(long version, String knownCommitId, String checkpointId, boolean images, boolean ranges,
+      Loader<T> loader) {
     ObjectNode h = request(OP_LOAD);
     h.put("version", version);
     if (knownCommitId != null) {
@@ -247,7 +257,7 @@ public final class StoreClient {
     }
     if (images) {
       h.put("images", true);
-      h.put("ranges", true);
+      h.put("ranges", ranges);
     }
     return send(h, null, (reply, body) -> new Answer<>(reply.path("unchanged").asBoolean(false) ? null
         : loader.read(reply.path("rows").asLong(0), reply.path("commitId").asText(null),
