@@ -145,10 +145,9 @@ class Settings:
         """Whether a restore reads a remote row image of this size by range (``rowImages.rangeReads``)."""
         mode = self.row_image_range_reads
         if isinstance(mode, str):   # Settings made in code may hold the option's text
-            mode = mode.strip().lower()
-            if mode == "auto":
-                return image_bytes >= self.row_image_range_reads_min_size
-            return mode in ("true", "1", "yes")
+            mode = _auto_or_bool("rowImages.rangeReads", mode)
+        if mode == "auto":
+            return image_bytes >= self.row_image_range_reads_min_size
         return bool(mode)
 
     @classmethod
