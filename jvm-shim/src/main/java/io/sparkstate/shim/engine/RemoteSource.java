@@ -54,8 +54,14 @@ final class RemoteSource implements BlockSource {
     } catch (EOFException e) {
       throw e;
     } catch (IOException e) {
-      throw RowImageException.unfetched(name(), e);
+      throw failed(e);
     }
+  }
+
+  /** A failed fetch as lookups meet it: the damage it found ({@link RowImageException#lost}), else unfetched. */
+  private RowImageException failed(IOException e) {
+    RowImageException damage = RowImageException.damageIn(e);
+    return damage != null ? damage : RowImageException.unfetched(name(), e);
   }
 
   /** The bytes from the tail the load sent, when they are in one of its pieces (the image's open reads them). */
@@ -80,13 +86,21 @@ final class RemoteSource implements BlockSource {
     try {
       return image.reread(position, length, reader);
     } catch (IOException e) {
-      throw RowImageException.unfetched(name(), e);
+      throw failed(e);
     }
   }
 
   @Override
   public void prefetch(long[] from, long[] to) throws IOException {
-    image.prefetch(from, to, reader);
+    try {
+      image.prefetch(from, to, reader);
+    } catch (IOException e) {
+      RowImageException damage = RowImageException.damageIn(e);
+      if (damage != null) {
+        throw damage;
+      }
+      throw e;
+    }
   }
 
   @Override
