@@ -307,11 +307,12 @@ class ChainReader:
             tally: list[int] = []
             if remote and defer and self._deferrable(chain):
                 image = self._image_tail(base.image)
-                if image is not None:
-                    deferred = self._defer_changes(version, chain)
-                    pinned = False   # the deferred read unpins the chain when it is done
-                    return Loaded(None, view.manifest.commit_id, image, base.file_format, view.keys,
-                                  bytes_read=0, deferred=deferred)
+                if image is None:
+                    return self.load_checked(version, known_commit_id, ordered=False, lineage=lineage)
+                deferred = self._defer_changes(version, chain)
+                pinned = False   # the deferred read unpins the chain when it is done
+                return Loaded(None, view.manifest.commit_id, image, base.file_format, view.keys,
+                              bytes_read=image.tail_read, deferred=deferred)
             if remote:   # the tail and the changes at once: one round trip of the storage, not two
                 pending = _read_pool().submit(self._image_tail, base.image)
                 try:

@@ -342,6 +342,7 @@ def test_an_executor_that_cannot_keep_a_local_copy_restores_from_the_downloaded_
         build(probe, "a", tmp_path / "ckpt", 0, s3_root(endpoint))
         probe.ok("open a 2")
         assert probe.ok("get a 5") == ["5"]
+        probe.ok("filled a 60000")   # the background fill done: nothing of this store fetches after it
         [copy] = probe.cached()
         probe.ok("release a")
         folder = copy["local"].parent

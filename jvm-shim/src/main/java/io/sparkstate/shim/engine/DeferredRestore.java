@@ -71,6 +71,7 @@ public final class DeferredRestore implements StateMap {
       changes = null;
       if (lookup != null) {
         lookup.exceptionally(e -> null).join();   // it swallows its failures; nothing else may escape here
+        restore.resumeBackground();
       }
     }
     if (error != null) {

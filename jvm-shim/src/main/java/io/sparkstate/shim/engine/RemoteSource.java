@@ -19,6 +19,9 @@ final class RemoteSource implements BlockSource {
   private final RangeReader reader;
   private volatile RemoteImage tail;
   private volatile boolean closed;
+  /** {@link #holdBackground}: a lookup's blocks read meanwhile start the background work at the resume. */
+  private volatile boolean held;
+  private volatile boolean startWhenResumed;
   /** The image's background work ({@link #startSoon}), run once. */
   private final AtomicReference<Runnable> pending = new AtomicReference<>();
 
@@ -78,7 +81,24 @@ final class RemoteSource implements BlockSource {
 
   @Override
   public void blocksRead() {
-    start();
+    if (held) {
+      startWhenResumed = true;
+    } else {
+      start();
+    }
+  }
+
+  @Override
+  public void holdBackground() {
+    held = true;
+  }
+
+  @Override
+  public void resumeBackground() {
+    held = false;
+    if (startWhenResumed) {
+      start();
+    }
   }
 
   @Override

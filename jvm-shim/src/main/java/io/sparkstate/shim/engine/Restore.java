@@ -34,12 +34,18 @@ public final class Restore {
     int hash = order.hash(key);
     int keyGroup = order.keyGroup(hash);
     UnsafeRow copy = key.copy();
+    image.source().holdBackground();   // until the restore settles: the fill would compete with the changes
     return CompletableFuture.runAsync(() -> {
       try {
         image.get(keyGroup, hash, copy);
       } catch (RuntimeException e) {   // the store's lookup reads the same and fails as a lookup does
       }
     }, lookups);
+  }
+
+  /** Lets the image's background work start as its lookups ask (after {@link #lookUpInImage}). */
+  void resumeBackground() {
+    image.source().resumeBackground();
   }
 
   /** The store being restored, before {@link #finish} (its metrics; nothing that reads it). */
