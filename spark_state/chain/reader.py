@@ -68,7 +68,7 @@ def _deferred_read_pool() -> ThreadPoolExecutor:
     global _deferred_pool
     with _pool_lock:
         if _deferred_pool is None:
-            _deferred_pool = ThreadPoolExecutor(4, thread_name_prefix="spark-state-deferred")
+            _deferred_pool = ThreadPoolExecutor(2 * READ_AHEAD, thread_name_prefix="spark-state-deferred")
         return _deferred_pool
 
 
@@ -359,11 +359,7 @@ class ChainReader:
                 return self._changes(version, chain, tally), sum(tally)
             finally:
                 self._unpin_chain(chain)
-        try:
-            future = _deferred_read_pool().submit(read)
-        except BaseException:
-            self._unpin_chain(chain)
-            raise
+        future = _deferred_read_pool().submit(read)   # if it raises, load_lazy still holds the pins and drops them
         return DeferredChanges(future, sum(f.rows for f in chain[1:]))
 
     def changes_after(self, version: int, commit_id: str, image_path: str, lineage: str | None = None) \
@@ -431,12 +427,25 @@ class ChainReader:
         try:
             chunks = storage.read_ranges(path, ranges)
         except FileMissing as err:
+            if not self._named_now(path):   # retention dropped it with the versions that named it: not damage
+                raise
             raise ChecksumMismatch(str(err)) from None
         for (start, end), chunk in zip(ranges, chunks):
             if len(chunk) != end - start:
                 raise ChecksumMismatch(f"{storage.root}/{path} has no bytes {start}..{end} (got {len(chunk)}): it is "
                                        f"shorter than the manifest that names it says; it was truncated or replaced.")
         return chunks
+
+    def _named_now(self, path: str) -> bool:
+        """Whether the store's newest version (its manifest or compaction record) names the file at `path`."""
+        latest = self.latest_version()
+        if latest is None:
+            return False
+        try:
+            view = self.view(latest)
+        except VersionNotFound:
+            return False
+        return any(path in f.paths for f in (*view.manifest.files, *view.chain))
 
     def _image_file(self, image: ImageEntry, cache_dir: str) -> ImageFile | None:
         storage = self.ctx.storage

@@ -42,6 +42,12 @@ class DeferredRegistry:
             entry = self._pending.pop(token, None)
         return None if entry is None else entry[1]
 
+    def sweep(self) -> None:
+        """Drops what waited too long (the dispatcher calls it at every request: a quiet worker keeps nothing)."""
+        if self._pending:
+            with self._lock:
+                self._expire()
+
     def _expire(self) -> None:
         """Drops changes not taken within ``idle_limit`` (call with the lock held)."""
         now = time.monotonic()

@@ -127,6 +127,7 @@ class Dispatcher:
         method = getattr(self, f"op_{op}", None) if isinstance(op, str) else None
         if method is None:
             raise ProtocolError(f"unknown request {op!r}")
+        self.deferred.sweep()
         return method(header, body)
 
     @staticmethod

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from spark_state.errors import ChecksumMismatch, StorageError
+from spark_state.errors import ChecksumMismatch, FileMissing, StorageError
 from spark_state.format import manifest, rowimage
 from spark_state.storage.filesystem import FileSystemCheckpointStorage
 from tests.chain.test_row_images import IMAGES, lazily, row_bytes, typed
@@ -199,11 +199,20 @@ def test_a_damaged_or_missing_remote_image_costs_only_the_laziness(bucket, tmp_p
     assert loaded.image is None and row_bytes(loaded.table) == row_bytes(typed(live))
 
 
-def test_fetching_past_the_end_of_the_image_is_damage(bucket):
+def test_fetching_past_the_end_of_the_image_or_a_gone_one_is_damage_while_a_version_names_it(bucket):
+    """Damage: the shim stops reading images of the store and loads rows. A file no version names any more
+    (retention dropped it under a store that still read it) is a failed read instead: the task's retry loads
+    the version again, with its own image."""
     store, _ = compacted_store(f"s3://{bucket}/{uuid.uuid4().hex}")
     entry = store.reader.view(6).chain[0].image
     with pytest.raises(ChecksumMismatch, match="shorter than the manifest"):
         store.reader.fetch(entry.path, [(0, 10), (entry.size - 5, entry.size + 5)])
+    store.storage.delete_files([entry.path])
+    with pytest.raises(ChecksumMismatch, match="is missing"):
+        store.reader.fetch(entry.path, [(0, 10)])
+    with pytest.raises(FileMissing) as gone:
+        store.reader.fetch("shared/v0000000001-image-0000000000000000.img", [(0, 10)])
+    assert not isinstance(gone.value, ChecksumMismatch)
 
 
 def test_range_reads_off_downloads_and_local_checkpoints_are_read_in_place(bucket, tmp_path):

@@ -405,6 +405,19 @@ def test_a_restore_opens_before_its_changes_arrive_and_no_read_sees_the_image_wi
         assert probe.ok("get a 2 19999") == ["null", "19999"]
         assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
         # with deferral off (the A/B switch), the changes come with the load
+        # changes that cannot be read fail the first use, not the store: the next use reads them again
+        fs = fsspec.filesystem("s3")
+        [delta] = [p for p in fs.find(root.removeprefix("s3://")) if "-delta-" in p and p.endswith(".arrow")
+                   and "/v0000000002-" in p]
+        saved = fs.cat_file(delta)
+        fs.rm(delta)
+        probe.ok("open a 2")
+        reply = probe.answer("get a 1 7")
+        assert reply.startswith("ERR") and "is missing" in reply, reply
+        fs.pipe_file(delta, saved)
+        assert probe.ok("deferred a") == ["pending"]
+        assert probe.ok("get a 1 7") == ["null", "7"]
+        assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
         (tmp_path / "off").mkdir()
         off = Probe(classes, tmp_path / "off", "-Dspark_state.deferChanges=false")
         try:

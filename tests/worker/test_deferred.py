@@ -34,3 +34,7 @@ def test_changes_nobody_takes_are_dropped_after_the_idle_limit_and_their_read_go
     fresh = registry.put(done("fresh"))
     assert registry.take(stale) is None and not running.cancelled()
     assert registry.take(fresh) is not None
+    registry.put(done("quiet"))
+    time.sleep(0.1)
+    registry.sweep()   # every request sweeps: a worker that makes no more deferred loads keeps nothing
+    assert len(registry) == 0

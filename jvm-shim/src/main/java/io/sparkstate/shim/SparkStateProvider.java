@@ -380,6 +380,9 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     }
   }
 
+  /** The most rows a deferred load's changes pre-size the heap table for (it grows past that as they come). */
+  private static final long DEFERRED_CHANGES_HINT = 1L << 16;
+
   /** What a lazy load answers when the row image it names cannot be opened: load again, whole rows. */
   private static final Loaded IMAGE_UNUSABLE = new Loaded(null, 0, 0, false);
 
@@ -407,9 +410,11 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
    */
   private Loaded onImage(long version, String lineage, long changes, String commitId, StoreClient.Image image,
       InputStream state) throws IOException {
+    // deferred changes are counted before folding (a key of every delta once per delta): a hint, not a size
+    long expected = image.deferred != null ? Math.min(changes, DEFERRED_CHANGES_HINT) : changes;
     Restore restore = image.remote()
-        ? Engine.executor().restore(spec, remoteImage(image), image.rows, changes)
-        : Engine.executor().restore(spec, image.path, image.rows, image.temporary, changes);
+        ? Engine.executor().restore(spec, remoteImage(image), image.rows, expected)
+        : Engine.executor().restore(spec, image.path, image.rows, image.temporary, expected);
     if (restore == null) {
       return image.remote() ? REMOTE_IMAGE_UNUSABLE : IMAGE_UNUSABLE;
     }

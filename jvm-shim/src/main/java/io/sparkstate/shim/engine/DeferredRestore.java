@@ -27,8 +27,6 @@ public final class DeferredRestore implements StateMap {
   private Changes changes;
   /** The store with its changes, once applied. */
   private volatile StateMap rows;
-  /** Why the changes could not be applied: every later call fails with it. */
-  private RuntimeException failed;
   private boolean batchEnded;
   private boolean closed;
 
@@ -50,35 +48,29 @@ public final class DeferredRestore implements StateMap {
   }
 
   /**
-   * Applies the changes (once), then makes the store whole; a failure abandons the restore and is every later
-   * call's. {@code lookup}: a lookup in the image running meanwhile, waited for before the restore is dropped.
+   * Applies the changes, then makes the store whole. A failure (the worker or storage) is the caller's, and the
+   * next call applies them again: they hold each key once, so applying them twice changes nothing, and a task's
+   * retry that finds this version still current (its commit unchanged) gets a store that works.
+   * {@code lookup}: a lookup in the image running meanwhile, waited for first.
    */
   private synchronized StateMap settle(CompletableFuture<Void> lookup) {
     if (rows != null) {
       return rows;
     }
-    if (failed != null || closed) {
-      throw failed != null ? failed : new IllegalStateException("spark_state: the store is closed");
+    if (closed) {
+      throw new IllegalStateException("spark_state: the store is closed");
     }
-    RuntimeException error = null;
     try {
       changes.applyTo(restore);
     } catch (IOException e) {
-      error = new UncheckedIOException("spark_state: cannot read the changes after a row image", e);
-    } catch (RuntimeException e) {
-      error = e;
+      throw new UncheckedIOException("spark_state: cannot read the changes after a row image", e);
     } finally {
-      changes = null;
       if (lookup != null) {
         lookup.exceptionally(e -> null).join();   // it swallows its failures; nothing else may escape here
         restore.resumeBackground();
       }
     }
-    if (error != null) {
-      failed = error;
-      restore.abandon();
-      throw error;
-    }
+    changes = null;
     StateMap done = restore.finish(keys);
     if (batchEnded) {
       done.endBatch();
@@ -98,7 +90,7 @@ public final class DeferredRestore implements StateMap {
 
   private StateMap firstGet(UnsafeRow key) {
     synchronized (this) {
-      if (rows != null || failed != null || closed) {
+      if (rows != null || closed) {
         return rows();
       }
       return settle(restore.lookUpInImage(key));

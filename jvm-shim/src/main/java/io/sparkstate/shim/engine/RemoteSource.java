@@ -157,7 +157,7 @@ final class RemoteSource implements BlockSource {
    */
   void startSoon(Runnable work) {
     pending.set(work);
-    cache.submitLater(this::start, ImageCache.FILL_DELAY_MS);
+    cache.submitLater(this::blocksRead, ImageCache.FILL_DELAY_MS);   // held as a lookup's blocks are
   }
 
   private void start() {
