@@ -43,6 +43,10 @@ class StorageError(SparkStateError):
     """A storage URL or backend the plugin cannot use."""
 
 
+class FileMissing(StorageError):
+    """A data file a manifest names is not in the checkpoint storage (something outside spark_state deleted it)."""
+
+
 class StoreDeleted(StorageError):
     """A store's directory was deleted while background work (compaction) wanted to write into it."""
 

@@ -15,7 +15,7 @@ import logging
 import os
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -25,7 +25,9 @@ import pyarrow as pa
 from spark_state.chain.context import StoreContext
 from spark_state.chain.merge import fold_changes, in_key_group_order, merge_chain
 from spark_state.chain.references import Siblings
-from spark_state.errors import ProtocolError, SparkStateError, StorageError, VersionNotFound
+from spark_state.errors import (
+    ChecksumMismatch, FileMissing, ProtocolError, SparkStateError, StaleState, StorageError, VersionNotFound,
+)
 from spark_state.format import datafile, rowimage
 from spark_state.format.manifest import SNAPSHOT, CompactionRecord, FileEntry, ImageEntry, Manifest
 from spark_state.format.tables import empty_table
@@ -39,6 +41,8 @@ log = logging.getLogger(__name__)
 #: one round trip per this many files instead of one per file, and a stalled request holds up one of them.
 READ_AHEAD = 8
 _pool: ThreadPoolExecutor | None = None
+#: Deferred changes' reads (``load_lazy(defer=True)``): a pool of their own, as each waits on ``_read_pool``.
+_deferred_pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
@@ -57,6 +61,15 @@ def _read_pool() -> ThreadPoolExecutor:
         if _pool is None:
             _pool = ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="spark-state-read")
         return _pool
+
+
+def _deferred_read_pool() -> ThreadPoolExecutor:
+    """One pool for the process for deferred changes (their reads wait on ``_read_pool``, never the reverse)."""
+    global _deferred_pool
+    with _pool_lock:
+        if _deferred_pool is None:
+            _deferred_pool = ThreadPoolExecutor(2 * READ_AHEAD, thread_name_prefix="spark-state-deferred")
+        return _deferred_pool
 
 
 @dataclass(frozen=True)
@@ -97,6 +110,7 @@ class ImageFile:
     file: str | None = None
     checksum: str | None = None
     tail: rowimage.Tail | None = None
+    tail_read: int = 0   # bytes of the tail read from storage (none when its manifest entry holds it)
 
     @property
     def remote(self) -> bool:
@@ -113,6 +127,8 @@ class Loaded:
     ``keys``: how many keys the version holds, when known without counting them (``VersionView.keys``).
     ``bytes_read``: bytes of checkpoint data files the load read from storage (the chain's files, a row image
     downloaded whole or its tail read by range; not manifests, nor a local image it only names).
+    ``deferred`` (``load_lazy(defer=True)``): the changes are still being read; ``table`` is None until they
+    come (``DeferredChanges.result``).
     """
 
     table: pa.Table | None
@@ -121,6 +137,21 @@ class Loaded:
     file_format: int | None = None
     keys: int | None = None
     bytes_read: int = 0
+    deferred: "DeferredChanges | None" = None
+
+
+@dataclass(frozen=True)
+class DeferredChanges:
+    """The changes after a remote image, read in the background while the reader opens the image and fetches
+    its first lookup's block (a restore waits one round trip of the storage less). ``rows``: the changes'
+    rows before folding, an upper bound of what ``result`` has."""
+
+    future: Future
+    rows: int
+
+    def result(self, timeout: float | None = None) -> tuple[pa.Table | None, int]:
+        """The changes (None when there are none) and the bytes read for them; the read's error, if it failed."""
+        return self.future.result(timeout)
 
 
 class ChainReader:
@@ -243,14 +274,15 @@ class ChainReader:
             locks.unpin(f.path for f in chain)
 
     def load_lazy(self, version: int, known_commit_id: str | None = None, *, cache_dir: str,
-                  ranges: bool = False, lineage: str | None = None) -> Loaded:
+                  ranges: bool = False, lineage: str | None = None, defer: bool = False) -> Loaded:
         """`version` for a reader that looks keys up in row images: when its chain starts with a snapshot
         that has one, that image and only the changes after it; else every row, as ``load_checked``. The image
         is opened where it is on a local disk; on remote storage, with ``ranges`` (a reader that fetches blocks
-        by byte range, and ``rowImages.rangeReads`` for an image of its size), named with its tail (``rowimage.read_tail``,
-        read while the changes are), else copied whole into `cache_dir`. An image that is missing, damaged or
-        not the size its entry says costs only the laziness: the rows are loaded instead (the image is never
-        the truth).
+        by byte range, and ``rowImages.rangeReads`` for an image of its size), named with its tail (from its
+        entry, format 6, else ``rowimage.read_tail``, read while the changes are), else copied whole into
+        `cache_dir`. With ``defer`` too, an image whose entry holds its tail is named at once and its changes
+        come in ``Loaded.deferred``. An image that is missing, damaged or not the size its entry says costs only
+        the laziness: the rows are loaded instead (the image is never the truth).
         """
         if version <= 0:
             return self.load_checked(version, known_commit_id)
@@ -267,18 +299,27 @@ class ChainReader:
                 locks.pin(base.paths)
         if not lazy:
             return self.load_checked(version, known_commit_id, ordered=False, lineage=lineage)
+        pinned = True
         try:
             self.check_parallelism(view.manifest)
             remote = ranges and self.ctx.settings.reads_by_range(base.image.size) and self.ctx.storage.local_path(
                 base.image.path) is None
             tally: list[int] = []
+            if remote and defer and self._deferrable(chain):
+                image = self._image_tail(base.image)
+                if image is None:
+                    return self.load_checked(version, known_commit_id, ordered=False, lineage=lineage)
+                deferred = self._defer_changes(version, chain)
+                pinned = False   # the deferred read unpins the chain when it is done
+                return Loaded(None, view.manifest.commit_id, image, base.file_format, view.keys,
+                              bytes_read=image.tail_read, deferred=deferred)
             if remote:   # the tail and the changes at once: one round trip of the storage, not two
                 pending = _read_pool().submit(self._image_tail, base.image)
                 try:
                     changes = self._changes(version, chain, tally)
                 finally:
                     image = pending.result()
-                image_bytes = 0 if image is None else image.tail.size
+                image_bytes = 0 if image is None else image.tail_read
             else:
                 image = self._image_file(base.image, cache_dir)
                 if image is not None:
@@ -294,8 +335,55 @@ class ChainReader:
             return Loaded(changes, view.manifest.commit_id, image, base.file_format, view.keys,
                           bytes_read=sum(tally) + image_bytes)
         finally:
-            locks.unpin(f.path for f in chain[1:])
-            locks.unpin(base.paths)
+            if pinned:
+                self._unpin_chain(chain)
+
+    def _unpin_chain(self, chain) -> None:
+        """Lets retention have a lazy load's files again (``load_lazy`` pinned the image and the changes)."""
+        self.ctx.locks.unpin(f.path for f in chain[1:])
+        self.ctx.locks.unpin(chain[0].paths)
+
+    @staticmethod
+    def _deferrable(chain) -> bool:
+        """Whether a remote image's changes may come after its open: its entry holds its tail (no request for it),
+        there are changes, and they are of the snapshot's file format (the reader takes it from the snapshot)."""
+        base = chain[0]
+        return (len(chain) > 1 and base.image.tail is not None
+                and all(f.file_format == base.file_format for f in chain[1:]))
+
+    def _defer_changes(self, version: int, chain) -> DeferredChanges:
+        """Starts reading `chain`'s changes in the background; the read unpins the chain when done."""
+        def read():
+            try:
+                tally: list[int] = []
+                return self._changes(version, chain, tally), sum(tally)
+            finally:
+                self._unpin_chain(chain)
+        future = _deferred_read_pool().submit(read)   # if it raises, load_lazy still holds the pins and drops them
+        return DeferredChanges(future, sum(f.rows for f in chain[1:]))
+
+    def changes_after(self, version: int, commit_id: str, image_path: str, lineage: str | None = None) \
+            -> tuple[pa.Table | None, int]:
+        """The changes of commit `commit_id` of `version` after the row image at `image_path` (the ones a deferred
+        load sent ``Loaded.deferred`` for, when that is gone: a new worker), and the bytes read for them.
+        StaleState when storage no longer holds that commit over that image: the reader must load again."""
+        locks = self.ctx.locks
+        with locks.lock:
+            view = self.view(version, lineage)
+            chains = [view.chain, view.manifest.files]
+            chain = next((c for c in chains if c and c[0].image is not None and c[0].image.path == image_path
+                          and not c[0].is_slice), None)
+            if view.manifest.commit_id != commit_id or chain is None:
+                raise StaleState(f"{self.ctx.name}: version {version} is no longer commit {commit_id} over the row "
+                                 f"image {image_path} (it was committed again, or its files rewritten, since it was "
+                                 f"loaded); load it again.")
+            locks.pin(f.path for f in chain[1:])
+            locks.pin(chain[0].paths)
+        try:
+            tally: list[int] = []
+            return self._changes(version, chain, tally), sum(tally)
+        finally:
+            self._unpin_chain(chain)
 
     def _changes(self, version: int, chain, tally: list[int]) -> pa.Table | None:
         """The changes after a chain's snapshot, each key's last write (``fold_changes``)."""
@@ -309,23 +397,55 @@ class ChainReader:
         """A remote image named for range reads, with its tail; None (logged) when it cannot be used."""
         storage = self.ctx.storage
         name = f"{storage.root}/{image.path}"
+        read: list[int] = []
+
+        def fetch(ranges):
+            chunks = storage.read_ranges(image.path, ranges)
+            read.extend(len(c) for c in chunks)
+            return chunks
         try:
-            tail = rowimage.read_tail(lambda r: storage.read_ranges(image.path, r), name, image.size, image.rows)
+            try:
+                tail = rowimage.read_tail(fetch, name, image.size, image.rows, known=image.tail_bytes)
+            except SparkStateError as err:
+                if image.tail is None:
+                    raise
+                log.warning("the manifest entry of row image %s holds a tail that cannot be used (%s); reading the "
+                            "image's own", name, err)
+                tail = rowimage.read_tail(fetch, name, image.size, image.rows)
         except (OSError, SparkStateError) as err:
             log.warning("row image %s of %s cannot be used (%s); loading the rows instead", name, self.ctx.name, err)
             return None
-        return ImageFile(None, image.rows, image.size, False, file=image.path, checksum=image.checksum, tail=tail)
+        return ImageFile(None, image.rows, image.size, False, file=image.path, checksum=image.checksum, tail=tail,
+                         tail_read=sum(read))
 
     def fetch(self, path: str, ranges: list[tuple[int, int]]) -> list[bytes]:
         """Byte ranges of one of this store's files, for a reader of a remote row image (request ``fetch``):
-        exactly the bytes asked for (a short range is a StorageError: the file is not the one named)."""
+        exactly the bytes asked for. A file that is gone, or shorter than asked, is ChecksumMismatch: not the file
+        its manifest names (the reader drops the image and loads rows, as for a damaged block; a failed read of
+        storage is a StorageError, and the read may be tried again)."""
         storage = self.ctx.storage
-        chunks = storage.read_ranges(path, ranges)
+        try:
+            chunks = storage.read_ranges(path, ranges)
+        except FileMissing as err:
+            if not self._named_now(path):   # retention dropped it with the versions that named it: not damage
+                raise
+            raise ChecksumMismatch(str(err)) from None
         for (start, end), chunk in zip(ranges, chunks):
             if len(chunk) != end - start:
-                raise StorageError(f"{storage.root}/{path} has no bytes {start}..{end} (got {len(chunk)}): it is "
-                                   f"shorter than the manifest that names it says; it was truncated or replaced.")
+                raise ChecksumMismatch(f"{storage.root}/{path} has no bytes {start}..{end} (got {len(chunk)}): it is "
+                                       f"shorter than the manifest that names it says; it was truncated or replaced.")
         return chunks
+
+    def _named_now(self, path: str) -> bool:
+        """Whether the store's newest version (its manifest or compaction record) names the file at `path`."""
+        latest = self.latest_version()
+        if latest is None:
+            return False
+        try:
+            view = self.view(latest)
+        except VersionNotFound:
+            return False
+        return any(path in f.paths for f in (*view.manifest.files, *view.chain))
 
     def _image_file(self, image: ImageEntry, cache_dir: str) -> ImageFile | None:
         storage = self.ctx.storage

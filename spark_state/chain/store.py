@@ -162,11 +162,13 @@ class VersionedStore:
                                         lineage=lineage)
 
     def load_lazy(self, version: int, known_commit_id: str | None = None, *, cache_dir: str,
-                  ranges: bool = False, lineage: str | None = None) -> Loaded:
+                  ranges: bool = False, lineage: str | None = None, defer: bool = False) -> Loaded:
         """`version` for a reader that looks keys up in row images: the image and the changes after it when the
         chain has one, else every row (``ChainReader.load_lazy``; ``ranges``: the reader fetches a remote image's
-        blocks by byte range; ``lineage``: the commit of `version` to load, as ``load_checked``)."""
-        return self.reader.load_lazy(version, known_commit_id, cache_dir=cache_dir, ranges=ranges, lineage=lineage)
+        blocks by byte range; ``defer``: a remote image's changes may come after it, in ``Loaded.deferred``;
+        ``lineage``: the commit of `version` to load, as ``load_checked``)."""
+        return self.reader.load_lazy(version, known_commit_id, cache_dir=cache_dir, ranges=ranges, lineage=lineage,
+                                     defer=defer)
 
     def versions(self) -> list[int]:
         return self.reader.versions()

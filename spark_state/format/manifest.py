@@ -27,6 +27,12 @@ Spark's UnsafeRow records, lookup-ready, see ``spark_state.format.rowimage``),
 which the JVM looks keys up in instead of loading every row. The image is
 derived from the snapshot and never the only copy of a row.
 
+Format 6 gives a row image entry its *tail* (``tail``: base64 of the image's last bytes, the filter
+header, page directory and trailer a reader by byte range needs before its first lookup, see
+``spark_state.format.rowimage.read_tail``) when it is at most ``INLINE_TAIL_MAX`` bytes, so a restore
+from object storage needs no request for it: the manifest it reads anyway has it. A copy of bytes of the
+image, never the truth: a tail that does not parse costs only the request it saved.
+
 Format 4 names typed data files (``file_format`` 2 in an entry, see
 ``spark_state.format.datafile``); a format-3 reader refuses it with
 ``FormatVersionError`` instead of taking typed columns for row bytes.
@@ -43,6 +49,7 @@ that are only partly this store's.
 
 from __future__ import annotations
 
+import base64
 import json
 import secrets
 import time
@@ -66,10 +73,15 @@ class ManifestFormat(IntEnum):
     TYPED = 4
     #: snapshot entries with their row image (``image``)
     IMAGED = 5
+    #: row image entries with their tail (``image.tail``)
+    TAILED = 6
 
 
 #: The newest manifest format this code reads.
-NEWEST_MANIFEST_FORMAT = ManifestFormat.IMAGED
+NEWEST_MANIFEST_FORMAT = ManifestFormat.TAILED
+
+#: The largest image tail an entry carries (bytes before base64): an image of about 45M records at most.
+INLINE_TAIL_MAX = 32 << 10
 
 SNAPSHOT = "snapshot"
 DELTA = "delta"
@@ -83,11 +95,26 @@ class ImageEntry:
     size: int
     checksum: str        # "crc32:xxxxxxxx" of the whole file
     rows: int
+    tail: str | None = None   # format 6: base64 of the file's last bytes (``rowimage.WrittenImage.tail``)
 
     @classmethod
     def written(cls, path: str, encoded) -> "ImageEntry":
-        """The entry of a row image just encoded (``rowimage.EncodedImage``) and about to be written at `path`."""
-        return cls(path=path, size=encoded.size, checksum=encoded.checksum, rows=encoded.rows)
+        """The entry of a row image just encoded (``rowimage.EncodedImage`` or ``WrittenImage``) and about to be
+        written at `path`, with its tail when that is small enough (``INLINE_TAIL_MAX``)."""
+        tail = encoded.tail
+        return cls(path=path, size=encoded.size, checksum=encoded.checksum, rows=encoded.rows,
+                   tail=base64.b64encode(tail).decode() if 0 < len(tail) <= INLINE_TAIL_MAX else None)
+
+    @property
+    def tail_bytes(self) -> bytes:
+        """The file's last bytes the entry holds (empty without ``tail``, or when it is not base64: then the
+        tail is read from the file, as before format 6)."""
+        if self.tail is None:
+            return b""
+        try:
+            return base64.b64decode(self.tail, validate=True)
+        except (ValueError, TypeError):
+            return b""
 
 
 @dataclass(frozen=True)
@@ -151,6 +178,8 @@ class FileEntry:
             del body["file_format"]
         if body["image"] is None:
             del body["image"]
+        elif body["image"]["tail"] is None:
+            del body["image"]["tail"]
         return body
 
 
@@ -235,6 +264,8 @@ class CompactionRecord:
 
 def format_of(files) -> ManifestFormat:
     """The lowest manifest format that can describe `files` (older readers refuse what they cannot read)."""
+    if any(f.image is not None and f.image.tail is not None for f in files):
+        return ManifestFormat.TAILED
     if any(f.image is not None for f in files):
         return ManifestFormat.IMAGED
     if any(f.typed for f in files):

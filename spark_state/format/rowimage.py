@@ -154,6 +154,9 @@ class WrittenImage:
     blocks: int
     tombstones: bool
     filter_words: int
+    #: the file's last bytes, which a reader by range needs before its first lookup (``Tail``): filter header,
+    #: page directory and its header, trailer
+    tail: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,7 @@ class EncodedImage:
     blocks: int
     tombstones: bool
     filter_words: int = 0
+    tail: bytes = b""   # as WrittenImage.tail
 
     @property
     def size(self) -> int:
@@ -183,7 +187,8 @@ def encode(table: pa.Table, *, block_bytes: int = BLOCK_BYTES, level: int = 1, c
     writer = ImageWriter(pieces.append, block_bytes=block_bytes, level=level, codec=codec, threads=threads)
     writer.add(table)
     done = writer.finish()
-    return EncodedImage(b"".join(pieces), done.rows, done.checksum, done.blocks, done.tombstones, done.filter_words)
+    return EncodedImage(b"".join(pieces), done.rows, done.checksum, done.blocks, done.tombstones, done.filter_words,
+                        done.tail)
 
 
 class ImageWriter:
@@ -259,14 +264,16 @@ class ImageWriter:
         directory = page_directory(index, index_bytes, PAGE_ENTRIES).tobytes()
         self._emit(index_bytes)
         self._emit(filter_bytes)
-        self._emit(_FILTER_HEADER.pack(len(key_filter.words), key_filter.k, zlib.crc32(filter_bytes), 0))
         pages = len(directory) // PAGE_ENTRY.itemsize
-        self._emit(directory)
-        self._emit(_PAGES_HEADER.pack(pages, PAGE_ENTRIES, _directory_crc(directory, pages, PAGE_ENTRIES), 0))
-        self._emit(_TRAILER.pack(index_offset, self._rows, len(index), zlib.crc32(index_bytes), self._codec, flags,
-                                 MAGIC, VERSION))
+        tail = b"".join((
+            _FILTER_HEADER.pack(len(key_filter.words), key_filter.k, zlib.crc32(filter_bytes), 0),
+            directory,
+            _PAGES_HEADER.pack(pages, PAGE_ENTRIES, _directory_crc(directory, pages, PAGE_ENTRIES), 0),
+            _TRAILER.pack(index_offset, self._rows, len(index), zlib.crc32(index_bytes), self._codec, flags, MAGIC,
+                          VERSION)))
+        self._emit(tail)
         return WrittenImage(self._rows, self._size, f"crc32:{self._crc:08x}", len(index), self._tombstones,
-                            len(key_filter.words))
+                            len(key_filter.words), tail)
 
 
 class _Carry(NamedTuple):
@@ -706,19 +713,24 @@ class Tail:
 TAIL_RANGE_BYTES = 1 << 20
 
 
-def read_tail(fetch: Callable[[list[tuple[int, int]]], list], name: str, size: int, rows: int) -> Tail:
+def read_tail(fetch: Callable[[list[tuple[int, int]]], list], name: str, size: int, rows: int,
+              known: bytes = b"") -> Tail:
     """The tail of an image of ``size`` bytes and ``rows`` records (its manifest entry says both) read by byte
     ranges through ``fetch`` (``CheckpointStorage.read_ranges``): of a version-3 image, its last bytes (filter
     header, page directory, directory header, trailer) in one round trip when the guess of the directory's size
     holds (see MIN_STORED_BLOCK_GUESS), a few KiB at any size; of an older one, the trailer, then the whole
-    index. Trailer, sizes and the directory's (or the index's) CRC are checked as ``RowImage`` checks them
-    (ChecksumMismatch, FormatVersionError)."""
+    index. ``known``: the file's last bytes as its manifest entry holds them (``WrittenImage.tail``): then
+    nothing is fetched when they are the whole tail. Trailer, sizes and the directory's (or the index's) CRC are
+    checked as ``RowImage`` checks them (ChecksumMismatch, FormatVersionError)."""
     if size < TRAILER_BYTES:
         raise _corrupt(name, f"has {size} bytes, fewer than its {TRAILER_BYTES}-byte trailer")
-    blocks_guess = max(1, min(rows, -(-size // MIN_STORED_BLOCK_GUESS)))
-    guess = min(size, TRAILER_BYTES + PAGES_HEADER_BYTES + FILTER_HEADER_BYTES
-                + PAGE_ENTRY.itemsize * -(-blocks_guess // PAGE_ENTRIES))
-    (end,) = _checked(fetch, [(size - guess, size)], name)
+    if TRAILER_BYTES <= len(known) <= size:
+        end = known
+    else:
+        blocks_guess = max(1, min(rows, -(-size // MIN_STORED_BLOCK_GUESS)))
+        guess = min(size, TRAILER_BYTES + PAGES_HEADER_BYTES + FILTER_HEADER_BYTES
+                    + PAGE_ENTRY.itemsize * -(-blocks_guess // PAGE_ENTRIES))
+        (end,) = _checked(fetch, [(size - guess, size)], name)
     index_offset, _rows, blocks, index_crc, codec, flags, magic, version = _TRAILER.unpack(end[-TRAILER_BYTES:])
     if magic != MAGIC:
         raise _corrupt(name, "does not end with the row image magic")

@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 import fsspec
 import fsspec.utils
 
-from spark_state.errors import StorageError, StoreDeleted
+from spark_state.errors import FileMissing, StorageError, StoreDeleted
 from spark_state.storage import atomic, instances
 from spark_state.storage.base import CheckpointStorage, DataFileWriter
 from spark_state.storage.layout import (COMPACTION_NAME, LINEAGE_PREFIX, MANIFEST_NAME, SHARED_DIR, lineage_of,
@@ -224,7 +224,7 @@ class FileSystemCheckpointStorage(CheckpointStorage):
         return self.fs.cat_file(full)
 
     def _missing(self, path: str) -> StorageError:
-        return StorageError(
+        return FileMissing(
             f"state file {self._full(path)} named by a manifest of {self.root} is missing; something outside "
             f"spark_state deleted it. Restore an older version or start from a new checkpoint."
         )

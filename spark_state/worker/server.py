@@ -26,6 +26,7 @@ from spark_state.errors import ProtocolError, SparkStateError
 from spark_state.options import Settings
 from spark_state.worker import warmup
 from spark_state.worker.background import BackgroundWork
+from spark_state.worker.deferred import DeferredRegistry
 from spark_state.worker.streams import StreamRegistry
 from spark_state.worker.protocol import (
     HELLO_MAX_HEADER, PROTOCOL_VERSION, IpcBody, Pieces, ipc_to_table, read_frame, write_frame,
@@ -113,6 +114,7 @@ class Dispatcher:
         self.cache_dir = cache_dir or os.path.join(tempfile.gettempdir(), f"spark-state-images-{os.getpid()}")
         self.background = BackgroundWork()
         self.streams = StreamRegistry()
+        self.deferred = DeferredRegistry()
 
     def authenticate(self, header: dict) -> bool:
         return (
@@ -125,6 +127,7 @@ class Dispatcher:
         method = getattr(self, f"op_{op}", None) if isinstance(op, str) else None
         if method is None:
             raise ProtocolError(f"unknown request {op!r}")
+        self.deferred.sweep()
         return method(header, body)
 
     @staticmethod
@@ -200,7 +203,7 @@ class Dispatcher:
         store = self._store(header)
         if header.get("images"):
             loaded = store.load_lazy(version, known, cache_dir=self.cache_dir, ranges=bool(header.get("ranges")),
-                                     lineage=lineage or None)
+                                     lineage=lineage or None, defer=bool(header.get("defer")))
         else:
             loaded = store.load_checked(version, known, ordered=False, lineage=lineage or None)
         counts = {"bytesRead": loaded.bytes_read, **({} if loaded.keys is None else {"keys": loaded.keys})}
@@ -219,7 +222,29 @@ class Dispatcher:
         tail = image.tail
         reply["image"].update(file=image.file, id=f"{store.storage.root}/{image.file}", checksum=image.checksum,
                               tail=[list(r) for r in tail.ranges])
+        if loaded.deferred is not None:
+            reply.update(rows=loaded.deferred.rows, deferred=self.deferred.put(loaded.deferred))
         return reply, Pieces(tail.data, rows)
+
+    def op_changesAfterImage(self, header, body):
+        """The changes of a deferred load (``deferred``: its token), deletes as null values: from the background
+        read the load started, or, on a worker that has none (a new one), read now from the version, commit id and
+        image the request names; StaleState when storage no longer holds that commit over that image."""
+        version = _int_field(header, "version")
+        commit_id, image, token = header.get("commitId"), header.get("file"), header.get("deferred")
+        lineage = header.get("checkpointId")
+        if not all(isinstance(v, str) and v for v in (commit_id, image, token)) \
+                or not (lineage is None or isinstance(lineage, str)):
+            raise ProtocolError("request 'changesAfterImage' needs 'deferred', 'commitId' and 'file' as strings "
+                                "(and 'checkpointId' as a string, if any)")
+        store = self._store(header)
+        deferred = self.deferred.take(token)
+        if deferred is not None:
+            table, read = deferred.result()
+        else:
+            table, read = store.reader.changes_after(version, commit_id, image, lineage or None)
+        rows = 0 if table is None else table.num_rows
+        return {"ok": True, "rows": rows, "bytesRead": read}, (b"" if table is None else IpcBody(table))
 
     #: A fetch asks for at most this many ranges and bytes: a filler's request is a few MiB.
     FETCH_MAX_RANGES = 4096

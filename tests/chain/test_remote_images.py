@@ -7,12 +7,14 @@ or missing tail costs only the laziness; ``rowImages.rangeReads=false`` download
 
 from __future__ import annotations
 
+import base64
 import uuid
+from dataclasses import replace
 
 import pytest
 
-from spark_state.errors import ChecksumMismatch, StorageError
-from spark_state.format import rowimage
+from spark_state.errors import ChecksumMismatch, FileMissing, StorageError
+from spark_state.format import manifest, rowimage
 from spark_state.storage.filesystem import FileSystemCheckpointStorage
 from tests.chain.test_row_images import IMAGES, lazily, row_bytes, typed
 from tests.support import s3_server
@@ -62,9 +64,20 @@ def as_version_2(data: bytes) -> bytes:
     return data[:len(data) - 40 - 16 - 32 * pages] + bytes(trailer)
 
 
-def test_a_lazy_load_from_s3_names_the_image_with_its_tail_and_every_block_reads_by_range(bucket, tmp_path):
+def reads_of(store, monkeypatch) -> list[str]:
+    """The paths the store's storage reads by range from now on."""
+    paths: list[str] = []
+    read_ranges = store.storage.read_ranges
+    monkeypatch.setattr(store.storage, "read_ranges", lambda path, r: paths.append(path) or read_ranges(path, r))
+    return paths
+
+
+def test_a_lazy_load_from_s3_names_the_image_with_its_tail_and_every_block_reads_by_range(bucket, tmp_path,
+                                                                                        monkeypatch):
     store, live = compacted_store(f"s3://{bucket}/{uuid.uuid4().hex}")
+    reads = reads_of(store, monkeypatch)
     loaded = store.load_lazy(6, cache_dir=str(tmp_path / "cache"), ranges=True)
+    assert not [p for p in reads if p.endswith(".img")], "the tail came with the manifest (format 6)"
     image = loaded.image
     assert image is not None and image.remote and image.path is None
     assert not (tmp_path / "cache").exists(), "nothing was downloaded"
@@ -84,7 +97,37 @@ def test_a_lazy_load_from_s3_names_the_image_with_its_tail_and_every_block_reads
         state.pop(k, None) if v is None else state.__setitem__(k, v)
     assert state == row_bytes(typed(live)) == row_bytes(store.load(6))
     chain = store.reader.view(6).chain
-    assert loaded.bytes_read == image.tail.size + sum(f.size for f in chain[1:]), "the tail and the changes' files"
+    assert loaded.bytes_read == sum(f.size for f in chain[1:]), "the changes' files (the tail was in the manifest)"
+    assert store.reader.view(6).manifest.format == 6 and chain[0].image.tail_bytes == image.tail.data[0]
+
+
+def test_a_deferred_load_names_the_image_at_once_and_reads_its_changes_in_the_background(bucket, tmp_path):
+    """``defer``: the same image and the same changes, the changes from ``Loaded.deferred``; the chain's files stay
+    pinned (retention leaves them alone) until that read is done."""
+    store, _ = compacted_store(f"s3://{bucket}/{uuid.uuid4().hex}")
+    now = store.load_lazy(6, cache_dir=str(tmp_path / "cache"), ranges=True)
+    later = store.load_lazy(6, cache_dir=str(tmp_path / "cache"), ranges=True, defer=True)
+    assert later.table is None and later.deferred is not None and later.bytes_read == 0
+    assert later.image == now.image and later.commit_id == now.commit_id and later.keys == now.keys
+    table, read = later.deferred.result(30)
+    assert row_bytes(table) == row_bytes(now.table) and read == now.bytes_read
+    assert later.deferred.rows >= table.num_rows
+    assert not store.reader.ctx.locks.pinned(), "the deferred read unpinned the chain"
+    # the changes of that commit over that image, read again (a new worker, which has no token)
+    table, read = store.reader.changes_after(6, now.commit_id, now.image.file)
+    assert row_bytes(table) == row_bytes(now.table) and not store.reader.ctx.locks.pinned()
+    # a version with nothing after its image is not deferred
+    assert store.load_lazy(5, cache_dir=str(tmp_path / "cache"), ranges=True, defer=True).deferred is None
+
+
+def test_a_tail_in_the_manifest_that_does_not_parse_costs_only_a_request(bucket, tmp_path, monkeypatch, caplog):
+    store, _ = compacted_store(f"s3://{bucket}/{uuid.uuid4().hex}")
+    entry = store.reader.view(6).chain[0].image
+    broken = replace(entry, tail=base64.b64encode(entry.tail_bytes[:-1] + b"?").decode())
+    reads = reads_of(store, monkeypatch)
+    image = store.reader._image_tail(broken)
+    assert image is not None and image.tail.data == (entry.tail_bytes,) and image.tail_read == len(entry.tail_bytes)
+    assert reads == [entry.path] and "holds a tail that cannot be used" in caplog.text
 
 
 def test_the_tail_is_a_few_hundred_bytes_at_any_size_in_one_round_trip():
@@ -137,10 +180,14 @@ def test_a_version_2_image_reads_its_whole_index_in_pieces_in_a_second_round_tri
     assert len(pieces) > 3 and max(b - a for a, b in pieces) <= 1024, fetch.ranges
 
 
-def test_a_damaged_or_missing_remote_image_costs_only_the_laziness(bucket, tmp_path):
-    """A tail that fails its checks (here the page directory's CRC): the rows are loaded instead. (An index
-    page or block damaged in the checkpoint fails the read that needs it: tests/jvm/test_remote_images.py.)"""
+def test_a_damaged_or_missing_remote_image_costs_only_the_laziness(bucket, tmp_path, monkeypatch):
+    """An image whose entry holds no tail (a large one, or written before format 6) and whose own tail fails its
+    checks (here the page directory's CRC): the rows are loaded instead. (With the tail in its entry, the load
+    reads no byte of the image: a block damaged or gone fails the read that needs it, as damage, and the next
+    load reads rows: tests/jvm/test_remote_images.py.)"""
+    monkeypatch.setattr(manifest, "INLINE_TAIL_MAX", 0)
     store, live = compacted_store(f"s3://{bucket}/{uuid.uuid4().hex}")
+    assert store.reader.view(6).chain[0].image.tail is None
     path = store.reader.view(6).chain[0].image.path
     whole = bytearray(store.storage.read_file(path))
     whole[-40 - 16 - 32 + 5] ^= 0xFF   # inside the page directory: its CRC fails
@@ -152,11 +199,20 @@ def test_a_damaged_or_missing_remote_image_costs_only_the_laziness(bucket, tmp_p
     assert loaded.image is None and row_bytes(loaded.table) == row_bytes(typed(live))
 
 
-def test_fetching_past_the_end_of_the_image_is_a_storage_error(bucket):
+def test_fetching_past_the_end_of_the_image_or_a_gone_one_is_damage_while_a_version_names_it(bucket):
+    """Damage: the shim stops reading images of the store and loads rows. A file no version names any more
+    (retention dropped it under a store that still read it) is a failed read instead: the task's retry loads
+    the version again, with its own image."""
     store, _ = compacted_store(f"s3://{bucket}/{uuid.uuid4().hex}")
     entry = store.reader.view(6).chain[0].image
-    with pytest.raises(StorageError, match="shorter than the manifest"):
+    with pytest.raises(ChecksumMismatch, match="shorter than the manifest"):
         store.reader.fetch(entry.path, [(0, 10), (entry.size - 5, entry.size + 5)])
+    store.storage.delete_files([entry.path])
+    with pytest.raises(ChecksumMismatch, match="is missing"):
+        store.reader.fetch(entry.path, [(0, 10)])
+    with pytest.raises(FileMissing) as gone:
+        store.reader.fetch("shared/v0000000001-image-0000000000000000.img", [(0, 10)])
+    assert not isinstance(gone.value, ChecksumMismatch)
 
 
 def test_range_reads_off_downloads_and_local_checkpoints_are_read_in_place(bucket, tmp_path):

@@ -213,6 +213,17 @@ public class RemoteImageProbe {
         return "OK " + ms + " " + e.images().describe().size() + " " + files + " " + e.cache().usedBytes() + " "
             + e.budget().used();
       }
+      case "deferred": {   // whether the read store's changes after its image are still to come (a deferred load)
+        java.lang.reflect.Field rows = Class.forName("io.sparkstate.shim.StoreView").getDeclaredField("rows");
+        rows.setAccessible(true);
+        Object map = rows.get(s.read);
+        return "OK " + (map instanceof DeferredRestore d ? (d.settled() ? "settled" : "pending") : "no");
+      }
+      case "killworker": {   // SIGKILLs this JVM's state worker (the next request starts a new one)
+        return "OK " + ProcessHandle.current().descendants()
+            .filter(h -> h.info().commandLine().orElse("").contains("spark_state.worker"))
+            .peek(ProcessHandle::destroyForcibly).count();
+      }
       case "fetched": {
         long[] f = Engine.executor().remoteFetches();
         return "OK " + f[0] + " " + f[1];

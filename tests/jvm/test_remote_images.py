@@ -342,6 +342,7 @@ def test_an_executor_that_cannot_keep_a_local_copy_restores_from_the_downloaded_
         build(probe, "a", tmp_path / "ckpt", 0, s3_root(endpoint))
         probe.ok("open a 2")
         assert probe.ok("get a 5") == ["5"]
+        probe.ok("filled a 60000")   # the background fill done: nothing of this store fetches after it
         [copy] = probe.cached()
         probe.ok("release a")
         folder = copy["local"].parent
@@ -361,17 +362,70 @@ def test_an_executor_that_cannot_keep_a_local_copy_restores_from_the_downloaded_
         probe.close()
 
 
-def test_bytes_the_checkpoint_lost_fail_the_read_clearly(endpoint, classes, tmp_path):
+def test_an_image_the_checkpoint_lost_fails_the_read_clearly_and_the_retry_loads_rows(endpoint, classes, tmp_path):
+    """The image's tail comes from the manifest, so its open needs no byte of the file: a file deleted after
+    that fails the first read that needs it, as damage (a retry would meet it again), and the store's next load
+    reads the snapshot's rows instead, exactly."""
     probe = Probe(classes, tmp_path, "-Dspark_state.imageFillStreams=0", "-Dspark_state.imageCachePage=4096")
     try:
         root = s3_root(endpoint)
         build(probe, "a", tmp_path / "ckpt", 0, root)
-        probe.ok("open a 2")
         fs = fsspec.filesystem("s3")
         [image] = [p for p in fs.find(root.removeprefix("s3://")) if p.endswith(".img")]
         fs.rm(image)
+        probe.ok("open a 2")
         reply = probe.answer("get a 12345")
-        assert reply.startswith("ERR") and "cannot fetch bytes of the row image" in reply, reply
+        assert reply.startswith("ERR") and "is not the file its manifest names" in reply and "is missing" in reply \
+            and "will reload its state from the checkpoint" in reply, reply
+        probe.ok("open a 2")   # the task's retry
+        assert probe.ok("deferred a") == ["no"]
+        assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
+        assert probe.ok("check a 0 3 0") == ["3"]
+    finally:
+        probe.close()
+
+
+def test_a_restore_opens_before_its_changes_arrive_and_no_read_sees_the_image_without_them(endpoint, classes,
+                                                                                          tmp_path):
+    """A deferred load (the image's tail in the manifest): the store opens when the manifest is read; the changes
+    after the image (version 2 deleted keys 0, 1, 2) come with its first use, whatever that is, and a worker
+    killed in between costs nothing: the new one reads them again."""
+    probe = Probe(classes, tmp_path)
+    try:
+        root = s3_root(endpoint)
+        build(probe, "a", tmp_path / "ckpt", 0, root)
+        for first, expected in [("get a 1 7", ["null", "7"]), ("check a 0 3 0", ["3"]),
+                                ("scan a", [str(KEYS - 3), str(sum(range(3, KEYS)))])]:
+            probe.ok("open a 2")
+            assert probe.ok("deferred a") == ["pending"]
+            assert probe.ok(first) == expected
+            assert probe.ok("deferred a") == ["settled"]
+        probe.ok("open a 2")
+        assert probe.ok("killworker") == ["1"]
+        assert probe.ok("get a 2 19999") == ["null", "19999"]
+        assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
+        # with deferral off (the A/B switch), the changes come with the load
+        # changes that cannot be read fail the first use, not the store: the next use reads them again
+        fs = fsspec.filesystem("s3")
+        [delta] = [p for p in fs.find(root.removeprefix("s3://")) if "-delta-" in p and p.endswith(".arrow")
+                   and "/v0000000002-" in p]
+        saved = fs.cat_file(delta)
+        fs.rm(delta)
+        probe.ok("open a 2")
+        reply = probe.answer("get a 1 7")
+        assert reply.startswith("ERR") and "is missing" in reply, reply
+        fs.pipe_file(delta, saved)
+        assert probe.ok("deferred a") == ["pending"]
+        assert probe.ok("get a 1 7") == ["null", "7"]
+        assert probe.ok(f"check a 3 {KEYS} 1") == [str(KEYS - 3)]
+        (tmp_path / "off").mkdir()
+        off = Probe(classes, tmp_path / "off", "-Dspark_state.deferChanges=false")
+        try:
+            off.provider("a", tmp_path / "ckpt", 0, f"checkpointRoot={root}", *IMAGES)
+            off.ok("open a 2")
+            assert off.ok("deferred a") == ["no"] and off.ok("get a 1 7") == ["null", "7"]
+        finally:
+            off.close()
     finally:
         probe.close()
 

@@ -5,7 +5,9 @@ them: tests/chain/.)"""
 
 from __future__ import annotations
 
+import base64
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, strategies as st
@@ -13,7 +15,7 @@ from hypothesis import given, strategies as st
 from spark_state.chain import VersionedStore
 from spark_state.errors import ChecksumMismatch, FormatVersionError
 from spark_state.format.manifest import (
-    DELTA, NEWEST_MANIFEST_FORMAT, SNAPSHOT, CompactionRecord, FileEntry, ImageEntry, Manifest, ManifestFormat, _body_crc,
+    DELTA, INLINE_TAIL_MAX, NEWEST_MANIFEST_FORMAT, SNAPSHOT, CompactionRecord, FileEntry, ImageEntry, Manifest, ManifestFormat, _body_crc,
     format_of,
 )
 from spark_state.options import Settings
@@ -35,7 +37,9 @@ entries = st.builds(entry, st.integers(0, 10**9), st.sampled_from([SNAPSHOT, DEL
                     residue=st.none() | st.integers(0, 199), file_format=st.sampled_from([1, 2]),
                     image=st.none() | st.builds(ImageEntry, st.just("shared/v0000000001-image-cd.img"),
                                                 st.integers(0, 10**12), st.just("crc32:0000beef"),
-                                                st.integers(0, 10**9)))
+                                                st.integers(0, 10**9),
+                                                st.none() | st.binary(max_size=64).map(
+                                                    lambda b: base64.b64encode(b).decode())))
 
 
 @given(st.lists(entries, max_size=5), st.none() | st.integers(0, 10**6), st.none() | st.text(max_size=36))
@@ -56,7 +60,10 @@ def test_the_format_is_the_lowest_a_reader_needs():
     assert format_of([entry(1, SNAPSHOT, **SLICE), entry(2)]) == ManifestFormat.SLICED
     assert format_of([entry(1, SNAPSHOT, **SLICE), entry(2, file_format=2)]) == ManifestFormat.TYPED
     assert format_of([entry(1, SNAPSHOT, file_format=2, image=IMAGE), entry(2, file_format=2)]) \
-        == ManifestFormat.IMAGED == NEWEST_MANIFEST_FORMAT
+        == ManifestFormat.IMAGED
+    tailed = replace(IMAGE, tail=base64.b64encode(b"tail").decode())
+    assert format_of([entry(1, SNAPSHOT, file_format=2, image=tailed), entry(2, file_format=2)]) \
+        == ManifestFormat.TAILED == NEWEST_MANIFEST_FORMAT
     assert Manifest(version=2, max_parallelism=16, files=(entry(1, SNAPSHOT),), rows=1).format == ManifestFormat.PLAIN
 
 
@@ -131,3 +138,22 @@ def test_newer_manifest_format_is_refused(tmp_path):
     path.write_text(json.dumps(body))
     with pytest.raises(FormatVersionError, match="format version 99"):
         fs_store.load(1)
+
+
+def test_an_image_entry_holds_its_images_tail_up_to_the_limit_and_is_written_at_format_6_only_then():
+    """The tail rides in the entry (a restore by range needs no request for it) when small; a format-5 reader
+    (the previous release) never meets an entry without one in a new format, nor a tail field."""
+    written = rowimage_written(b"x" * 100)
+    assert ImageEntry.written("shared/i.img", written).tail_bytes == b"x" * 100
+    big = rowimage_written(b"x" * (INLINE_TAIL_MAX + 1))
+    assert ImageEntry.written("shared/i.img", big).tail is None and ImageEntry.written("shared/i.img", big).tail_bytes == b""
+    untailed = json.loads(Manifest(version=1, max_parallelism=16, files=(entry(1, SNAPSHOT, image=IMAGE),), rows=1)
+                          .to_json())
+    assert untailed["format"] == ManifestFormat.IMAGED and "tail" not in untailed["files"][0]["image"]
+    assert replace(IMAGE, tail="not base64!").tail_bytes == b""   # then the tail is read from the file
+
+
+def rowimage_written(tail: bytes):
+    from spark_state.format.rowimage import WrittenImage
+    return WrittenImage(rows=1, size=4096, checksum="crc32:0000beef", blocks=1, tombstones=False, filter_words=0,
+                        tail=tail)

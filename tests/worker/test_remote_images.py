@@ -84,6 +84,38 @@ def test_a_lazy_load_with_ranges_names_the_image_and_sends_its_tail_before_the_c
     assert resp["ok"] and resp["image"]["temporary"], resp
 
 
+def test_a_deferred_load_answers_with_the_image_and_its_changes_come_by_token_or_from_storage(compacted):
+    """``defer``: the image's tail comes from the manifest (format 6) and the reply carries only it, with a token;
+    ``changesAfterImage`` takes the changes by it once; without the token (a new worker) they are read again from
+    what the request names; a commit id or image storage no longer holds is StaleState."""
+    conn, base, _ = compacted
+    resp, body = conn.request({"op": "load", "version": 2, "images": True, "ranges": True, "defer": True, **base})
+    assert resp["ok"] and resp["bytesRead"] == 0, resp
+    image, token = resp["image"], resp["deferred"]
+    ((end_start, end),) = image["tail"]
+    assert len(body) == end - end_start, "the tail only: the changes come later"
+    assert resp["rows"] == 2   # the changes' rows before folding
+    ask = {"op": "changesAfterImage", "version": 2, "commitId": resp["commitId"], "file": image["file"], **base}
+    expected = [({"k": 0}, None), ({"k": 1}, {"n": 100})]
+    for deferred in (token, token, "not-a-token"):   # taken once; then read from storage as a new worker would
+        got, rows = conn.request({**ask, "deferred": deferred})
+        assert got["ok"] and got["rows"] == 2 and got["bytesRead"] > 0, got
+        table = ipc_to_table(rows)
+        assert sorted(zip(table.column("key").to_pylist(), table.column("value").to_pylist()),
+                      key=lambda r: r[0]["k"]) == expected
+    for wrong in ({"commitId": "0" * 16}, {"file": "shared/v0000000001-image-0000.img"}):
+        got, _ = conn.request({**ask, "deferred": "gone", **wrong})
+        assert not got["ok"] and got["kind"] == "StaleState" and "load it again" in got["error"], got
+    for bad in ({"deferred": 7}, {"file": None}, {"commitId": ""}, {"checkpointId": 3}):
+        got, _ = conn.request({**ask, "deferred": token, **bad})
+        assert not got["ok"] and got["kind"] == "ProtocolError", got
+    # no deferral without it asked for, nor for a version with nothing after its image
+    resp, body = conn.request({"op": "load", "version": 2, "images": True, "ranges": True, **base})
+    assert resp["ok"] and "deferred" not in resp and len(body) > end - end_start, resp
+    resp, body = conn.request({"op": "load", "version": 1, "images": True, "ranges": True, "defer": True, **base})
+    assert resp["ok"] and "deferred" not in resp and resp["rows"] == 0 and resp["image"]["tail"], resp
+
+
 @pytest.mark.parametrize("bad", [
     {"file": "/etc/passwd"}, {"file": "../1/shared/x.img"}, {"file": "shared/../../x"}, {"file": ""}, {"file": 7},
     {"ranges": []}, {"ranges": [[5, 5]]}, {"ranges": [[-1, 4]]}, {"ranges": [[0, "9"]]}, {"ranges": [[0, 1, 2]]},
@@ -99,18 +131,20 @@ def test_fetch_refuses_what_is_not_a_file_of_the_store_or_not_a_range(compacted,
     assert resp["version"] == 2
 
 
-def test_fetch_past_the_end_or_of_a_vanished_file_is_a_storage_error(compacted):
+def test_fetch_past_the_end_or_of_a_vanished_file_is_damage(compacted):
+    """Not the file the manifest names (kind ChecksumMismatch): the shim drops the image and loads rows, where a
+    failed read of storage (kind StorageError) would fail the task for its retry to read the image again."""
     conn, base, bucket = compacted
     resp, _ = conn.request({"op": "load", "version": 2, "images": True, "ranges": True, **base})
     image = resp["image"]
     resp, _ = conn.request({"op": "fetch", "file": image["file"], "ranges": [[image["size"] - 4, image["size"] + 4]],
                             **base})
-    assert not resp["ok"] and resp["kind"] == "StorageError" and "shorter than the manifest" in resp["error"], resp
+    assert not resp["ok"] and resp["kind"] == "ChecksumMismatch" and "shorter than the manifest" in resp["error"], resp
     import fsspec
 
     fsspec.filesystem("s3").rm_file(image["id"].removeprefix("s3://"))
     resp, _ = conn.request({"op": "fetch", "file": image["file"], "ranges": [[0, 8]], **base})
-    assert not resp["ok"] and resp["kind"] == "StorageError" and "missing" in resp["error"], resp
+    assert not resp["ok"] and resp["kind"] == "ChecksumMismatch" and "missing" in resp["error"], resp
 
 
 def test_a_validate_naming_a_remote_root_sets_its_storage_up_once_in_the_background(tmp_path):

@@ -13,6 +13,7 @@ import io.sparkstate.shim.codec.ArrowCodec;
 import io.sparkstate.shim.codec.ChangeLog;
 import io.sparkstate.shim.codec.KeyHasher;
 import io.sparkstate.shim.codec.RowFormat;
+import io.sparkstate.shim.engine.DeferredRestore;
 import io.sparkstate.shim.engine.Engine;
 import io.sparkstate.shim.engine.KeyOrder;
 import io.sparkstate.shim.engine.RangeReader;
@@ -341,8 +342,8 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     long t0 = System.nanoTime();
     String knownId = known == null ? null : known.commitId;
     boolean lazy = !IMAGES_FAILED.contains(stateStoreId);
-    StoreClient.Loader<Loaded> loader = (rows, commitId, image, state) ->
-        image == null ? decodeWhole(version, rows, commitId, state) : onImage(version, rows, commitId, image, state);
+    StoreClient.Loader<Loaded> loader = (rows, commitId, image, state) -> image == null
+        ? decodeWhole(version, rows, commitId, state) : onImage(version, lineage, rows, commitId, image, state);
     StoreClient.Answer<Loaded> answer = client.load(version, knownId, lineage, lazy, loader);
     long bytesRead = answer.bytesRead();
     if (answer.value() == REMOTE_IMAGE_UNUSABLE) {   // no local copy of it here: the image downloaded whole may open
@@ -379,6 +380,9 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     }
   }
 
+  /** The most rows a deferred load's changes pre-size the heap table for (it grows past that as they come). */
+  private static final long DEFERRED_CHANGES_HINT = 1L << 16;
+
   /** What a lazy load answers when the row image it names cannot be opened: load again, whole rows. */
   private static final Loaded IMAGE_UNUSABLE = new Loaded(null, 0, 0, false);
 
@@ -401,15 +405,29 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
 
   /**
    * A lazy load's answer: the snapshot's row image as the bottom of the store, and the {@code changes}
-   * after it (deletes as null values) on top. No row of the image is decoded.
+   * after it (deletes as null values) on top. No row of the image is decoded. A deferred load's changes
+   * come with the store's first use ({@link DeferredRestore}).
    */
-  private Loaded onImage(long version, long changes, String commitId, StoreClient.Image image,
+  private Loaded onImage(long version, String lineage, long changes, String commitId, StoreClient.Image image,
       InputStream state) throws IOException {
+    // deferred changes are counted before folding (a key of every delta once per delta): a hint, not a size
+    long expected = image.deferred != null ? Math.min(changes, DEFERRED_CHANGES_HINT) : changes;
     Restore restore = image.remote()
-        ? Engine.executor().restore(spec, remoteImage(image), image.rows, changes)
-        : Engine.executor().restore(spec, image.path, image.rows, image.temporary, changes);
+        ? Engine.executor().restore(spec, remoteImage(image), image.rows, expected)
+        : Engine.executor().restore(spec, image.path, image.rows, image.temporary, expected);
     if (restore == null) {
       return image.remote() ? REMOTE_IMAGE_UNUSABLE : IMAGE_UNUSABLE;
+    }
+    if (image.deferred != null) {
+      StoreClient c = client;
+      StateMap rows = new DeferredRestore(restore, image.keys, r -> c.changesAfterImage(version, commitId, lineage,
+          image, (n, id, none, body) -> {
+            if (n > 0 && ArrowCodec.decodeState(body, keySchema, valueSchema, r::change, true) != image.typed) {
+              throw new IOException("the changes after row image " + image.id + " are not in its file format");
+            }
+            return null;
+          }));
+      return new Loaded(new StateVersion(rows, version, commitId, image.typed), changes, 0, true);
     }
     try {
       boolean typed = image.typed;
@@ -430,7 +448,13 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
   private RemoteImage remoteImage(StoreClient.Image image) {
     StoreClient c = client;
     String file = image.file;
-    RangeReader reader = (from, to, body) -> c.fetch(file, from, to, body::read);
+    RangeReader reader = (from, to, body) -> {
+      try {
+        c.fetch(file, from, to, body::read);
+      } catch (StoreClient.Damaged e) {   // gone or truncated: a retry would meet it again
+        throw RowImageException.lost(image.id, e);
+      }
+    };
     return new RemoteImage(image.id, image.checksum, image.size, image.tailFrom, image.tailTo, image.tail, reader);
   }
 

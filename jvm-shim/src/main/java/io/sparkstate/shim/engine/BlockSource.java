@@ -38,6 +38,17 @@ interface BlockSource extends Closeable {
   default void blocksRead() {
   }
 
+  /**
+   * Until {@link #resumeBackground}, {@link #blocksRead} starts nothing (a restore's first lookup, run ahead of its
+   * changes, must not have the fill compete with their transfer); then it starts what it would have.
+   */
+  default void holdBackground() {
+  }
+
+  /** Ends {@link #holdBackground}. */
+  default void resumeBackground() {
+  }
+
   /** Whether a read may wait on the network: the image then loads its key filter in the background. */
   default boolean remote() {
     return false;

@@ -34,6 +34,15 @@ public final class Engine {
     t.setPriority(Thread.NORM_PRIORITY - 1);
     return t;
   });
+  /**
+   * Lookups in a restore's image started while its changes are on their way ({@link DeferredRestore}): a thread
+   * per such first lookup, briefly; never queued behind fills.
+   */
+  private final ExecutorService lookups = Executors.newCachedThreadPool(r -> {
+    Thread t = new Thread(r, "spark-state-first-lookup");
+    t.setDaemon(true);
+    return t;
+  });
   private final AtomicLong spills = new AtomicLong();
   private final AtomicLong spilledBytes = new AtomicLong();
   private volatile boolean warmedUp;
@@ -198,6 +207,6 @@ public final class Engine {
     LayeredMap map = new LayeredMap(spec.keyFields(), spec.valueFields(), expectedChanges, spec.order(), this,
         spec.onDamage(), prefixIndex(spec));
     map.setBase(image, rows);
-    return new Restore(map);
+    return new Restore(map, image, spec.order(), lookups);
   }
 }

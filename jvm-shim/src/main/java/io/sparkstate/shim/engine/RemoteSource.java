@@ -19,6 +19,9 @@ final class RemoteSource implements BlockSource {
   private final RangeReader reader;
   private volatile RemoteImage tail;
   private volatile boolean closed;
+  /** {@link #holdBackground}: a lookup's blocks read meanwhile start the background work at the resume. */
+  private volatile boolean held;
+  private volatile boolean startWhenResumed;
   /** The image's background work ({@link #startSoon}), run once. */
   private final AtomicReference<Runnable> pending = new AtomicReference<>();
 
@@ -54,8 +57,14 @@ final class RemoteSource implements BlockSource {
     } catch (EOFException e) {
       throw e;
     } catch (IOException e) {
-      throw RowImageException.unfetched(name(), e);
+      throw failed(e);
     }
+  }
+
+  /** A failed fetch as lookups meet it: the damage it found ({@link RowImageException#lost}), else unfetched. */
+  private RowImageException failed(IOException e) {
+    RowImageException damage = RowImageException.damageIn(e);
+    return damage != null ? damage : RowImageException.unfetched(name(), e);
   }
 
   /** The bytes from the tail the load sent, when they are in one of its pieces (the image's open reads them). */
@@ -72,7 +81,24 @@ final class RemoteSource implements BlockSource {
 
   @Override
   public void blocksRead() {
-    start();
+    if (held) {
+      startWhenResumed = true;
+    } else {
+      start();
+    }
+  }
+
+  @Override
+  public void holdBackground() {
+    held = true;
+  }
+
+  @Override
+  public void resumeBackground() {
+    held = false;
+    if (startWhenResumed) {
+      start();
+    }
   }
 
   @Override
@@ -80,13 +106,21 @@ final class RemoteSource implements BlockSource {
     try {
       return image.reread(position, length, reader);
     } catch (IOException e) {
-      throw RowImageException.unfetched(name(), e);
+      throw failed(e);
     }
   }
 
   @Override
   public void prefetch(long[] from, long[] to) throws IOException {
-    image.prefetch(from, to, reader);
+    try {
+      image.prefetch(from, to, reader);
+    } catch (IOException e) {
+      RowImageException damage = RowImageException.damageIn(e);
+      if (damage != null) {
+        throw damage;
+      }
+      throw e;
+    }
   }
 
   @Override
@@ -123,7 +157,7 @@ final class RemoteSource implements BlockSource {
    */
   void startSoon(Runnable work) {
     pending.set(work);
-    cache.submitLater(this::start, ImageCache.FILL_DELAY_MS);
+    cache.submitLater(this::blocksRead, ImageCache.FILL_DELAY_MS);   // held as a lookup's blocks are
   }
 
   private void start() {

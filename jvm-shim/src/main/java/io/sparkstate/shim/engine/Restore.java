@@ -1,5 +1,8 @@
 package io.sparkstate.shim.engine;
 
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.Executor;
+
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 
 /**
@@ -9,10 +12,45 @@ import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
  */
 public final class Restore {
   private final LayeredMap map;
+  private final RowImage image;
+  private final KeyOrder order;
+  private final Executor lookups;
   private boolean done;
 
-  Restore(LayeredMap map) {
+  Restore(LayeredMap map, RowImage image, KeyOrder order, Executor lookups) {
     this.map = map;
+    this.image = image;
+    this.order = order;
+    this.lookups = lookups;
+  }
+
+  /**
+   * Looks {@code key} up in the image alone on another thread, and answers when that is done; a failure is left
+   * for the store's own lookup to meet. It reads what the store's lookup of the key will read (a remote image's
+   * index page and block), while the caller does something else: {@link DeferredRestore} waits for the changes.
+   * It touches only the image, never the map, so it may run beside {@link #change}.
+   */
+  CompletableFuture<Void> lookUpInImage(UnsafeRow key) {
+    int hash = order.hash(key);
+    int keyGroup = order.keyGroup(hash);
+    UnsafeRow copy = key.copy();
+    image.source().holdBackground();   // until the restore settles: the fill would compete with the changes
+    return CompletableFuture.runAsync(() -> {
+      try {
+        image.get(keyGroup, hash, copy);
+      } catch (RuntimeException e) {   // the store's lookup reads the same and fails as a lookup does
+      }
+    }, lookups);
+  }
+
+  /** Lets the image's background work start as its lookups ask (after {@link #lookUpInImage}). */
+  void resumeBackground() {
+    image.source().resumeBackground();
+  }
+
+  /** The store being restored, before {@link #finish} (its metrics; nothing that reads it). */
+  StateMap map() {
+    return map;
   }
 
   /** Applies one change after the image (value null: a delete). */

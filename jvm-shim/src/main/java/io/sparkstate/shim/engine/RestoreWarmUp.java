@@ -21,7 +21,7 @@ import org.apache.spark.sql.types.StructType;
 /**
  * One restore over a remote row image, run by the executor plugin when the executor starts: a few thousand rows
  * of an image it writes itself and "fetches" from memory, opened through the executor's {@link ImageCache} and
- * {@link BlockCache}, changed, looked up and scanned. A JVM that has never run that path loads and interprets
+ * {@link BlockCache}, its changes deferred ({@link DeferredRestore}), looked up and scanned. A JVM that has never run that path loads and interprets
  * its classes inside the first task that restores a store: about 90 ms of a cold {@code getStore} and first
  * {@code get} (benchmarks/results/remote-restore/). Nothing of it stays: its copy is discarded, its blocks leave
  * the cache with the image, its file is deleted.
@@ -53,14 +53,8 @@ final class RestoreWarmUp {
       if (restore == null) {
         throw new IOException("the warm-up's row image did not open");
       }
-      StateMap map;
-      try {
-        restore.change(row(3), row(-3));
-        map = restore.finish(ROWS);
-      } catch (RuntimeException e) {
-        restore.abandon();
-        throw e;
-      }
+      // its changes deferred, as a load from object storage has them: the first get looks up on another thread
+      StateMap map = new DeferredRestore(restore, ROWS, r -> r.change(row(3), row(-3)));
       long sum = 0;
       try {
         for (int i = 0; i < ROWS; i += 37) {

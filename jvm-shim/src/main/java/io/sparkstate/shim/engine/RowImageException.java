@@ -49,6 +49,25 @@ public final class RowImageException extends IllegalStateException {
         + "storage (" + cause + "); the task fails and its retry restores the state again", cause, false);
   }
 
+  /**
+   * A remote image's bytes the checkpoint storage does not have: the file is gone or shorter than its manifest
+   * says. Damage, not a failed fetch: a retry would meet it again, so the store reloads rows instead.
+   */
+  public static RowImageException lost(String file, Throwable cause) {
+    return new RowImageException("spark_state: the row image " + file + " is not the file its manifest names ("
+        + cause.getMessage() + ")" + RELOAD, cause, true);
+  }
+
+  /** The damage a failed read of a remote image's bytes carries, if any (see {@link #lost}). */
+  static RowImageException damageIn(Throwable failure) {
+    for (Throwable t = failure; t != null; t = t.getCause()) {
+      if (t instanceof RowImageException r && r.damaged) {
+        return r;
+      }
+    }
+    return null;
+  }
+
   static RowImageException newer(String file, String what) {
     return new RowImageException("spark_state: the state file " + file + " was written by a newer spark_state ("
         + what + "): upgrade spark_state on the executors" + RELOAD, null, true);

@@ -33,6 +33,12 @@ public final class StoreClient {
   static final String OP_REPLAY = "replay";
   static final String OP_DRAIN = "drain";
   static final String OP_FETCH = "fetch";
+  static final String OP_CHANGES_AFTER_IMAGE = "changesAfterImage";
+  /**
+   * Whether lazy loads of remote images ask for their changes to come after the open ({@code defer}; a
+   * system property for A/B runs of benchmarks, on by default).
+   */
+  static final boolean DEFER_CHANGES = !"false".equals(System.getProperty("spark_state.deferChanges"));
 
   private static final JsonNodeFactory NODES = JsonNodeFactory.instance;
   /** Option sets the worker validated in this JVM (validate once per distinct set), with the reply. */
@@ -70,9 +76,15 @@ public final class StoreClient {
     public final long[] tailFrom;
     public final long[] tailTo;
     public final byte[][] tail;
+    /**
+     * A remote image whose changes the worker is still reading (a deferred load): the token
+     * {@link #changesAfterImage} takes them by, or null (the changes followed the tail in the reply).
+     */
+    public final String deferred;
 
     Image(JsonNode node, JsonNode reply, InputStream body) throws IOException {
       this.keys = reply.hasNonNull("keys") ? reply.get("keys").asLong(-1) : -1;
+      this.deferred = reply.hasNonNull("deferred") ? reply.get("deferred").asText() : null;
       this.rows = node.path("rows").asLong(0);
       this.size = node.path("size").asLong(-1);
       this.temporary = node.path("temporary").asBoolean(false);
@@ -109,6 +121,16 @@ public final class StoreClient {
     /** Whether the image is on remote storage, read by range. */
     public boolean remote() {
       return tail != null;
+    }
+  }
+
+  /**
+   * The worker found a checkpoint file not what its manifest says (error kind {@code ChecksumMismatch}): damaged,
+   * gone, or shorter. A retry reads the same file.
+   */
+  public static final class Damaged extends IllegalStateException {
+    Damaged(String message) {
+      super(message);
     }
   }
 
@@ -258,6 +280,9 @@ public final class StoreClient {
     if (images) {
       h.put("images", true);
       h.put("ranges", ranges);
+      if (ranges && DEFER_CHANGES) {
+        h.put("defer", true);
+      }
     }
     return send(h, null, (reply, body) -> new Answer<>(reply.path("unchanged").asBoolean(false) ? null
         : loader.read(reply.path("rows").asLong(0), reply.path("commitId").asText(null),
@@ -400,6 +425,26 @@ public final class StoreClient {
       h.put("through", through);
     }
     return send(h, null, (reply, body) -> loader.read(reply.path("rows").asLong(0), null, null, body));
+  }
+
+  /**
+   * {@code changesAfterImage}: the changes of a deferred load of {@code version} (commit {@code commitId}, of
+   * Spark's {@code checkpointId} if not null) after its remote {@code image}, read by {@code loader} (no
+   * commit id, no image); answers the bytes the worker read for them. A worker that lost the token (a new one)
+   * reads them again; storage that no longer holds that commit over that image fails it ({@code StaleState}).
+   */
+  public <T> Answer<T> changesAfterImage(long version, String commitId, String checkpointId, Image image,
+      Loader<T> loader) {
+    ObjectNode h = request(OP_CHANGES_AFTER_IMAGE);
+    h.put("version", version);
+    h.put("commitId", commitId);
+    if (checkpointId != null) {
+      h.put("checkpointId", checkpointId);
+    }
+    h.put("file", image.file);
+    h.put("deferred", image.deferred);
+    return send(h, null, (reply, body) -> new Answer<>(loader.read(reply.path("rows").asLong(0), null, null, body),
+        reply.path("bytesRead").asLong(0)));
   }
 
   /** {@code replay}: the state at {@code version} rebuilt from {@code snapshotVersion}, read by {@code loader}. */

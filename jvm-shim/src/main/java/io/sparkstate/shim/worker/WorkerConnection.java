@@ -32,6 +32,8 @@ final class WorkerConnection {
   static final String KIND_OPTION_ERROR = "OptionError";
   /** The error kind of a streamed commit whose chunks the worker does not hold: {@link StreamLost}. */
   static final String KIND_STREAM_LOST = "StreamLost";
+  /** The error kind of a file that is not what its manifest says: {@link StoreClient.Damaged}. */
+  static final String KIND_CHECKSUM_MISMATCH = "ChecksumMismatch";
   private static final ObjectMapper JSON = new ObjectMapper();
   private static final long MAX_REPLY_HEADER = 64L << 20;
 
@@ -129,6 +131,9 @@ final class WorkerConnection {
     }
     if (KIND_STREAM_LOST.equals(kind)) {
       return new StreamLost(msg);
+    }
+    if (KIND_CHECKSUM_MISMATCH.equals(kind)) {
+      return new StoreClient.Damaged(msg);
     }
     return new IllegalStateException(msg);
   }
