@@ -295,8 +295,7 @@ class ChainReader:
             base = chain[0] if chain else None
             lazy = base is not None and base.image is not None and base.kind == SNAPSHOT and not base.is_slice
             if lazy:
-                locks.pin(f.path for f in chain[1:])
-                locks.pin(base.paths)
+                self._pin_chain(chain)
         if not lazy:
             return self.load_checked(version, known_commit_id, ordered=False, lineage=lineage)
         pinned = True
@@ -338,6 +337,11 @@ class ChainReader:
             if pinned:
                 self._unpin_chain(chain)
 
+    def _pin_chain(self, chain) -> None:
+        """Keeps retention off a lazy load's files: the image's snapshot (and image) and the changes after it."""
+        self.ctx.locks.pin(f.path for f in chain[1:])
+        self.ctx.locks.pin(chain[0].paths)
+
     def _unpin_chain(self, chain) -> None:
         """Lets retention have a lazy load's files again (``load_lazy`` pinned the image and the changes)."""
         self.ctx.locks.unpin(f.path for f in chain[1:])
@@ -355,8 +359,7 @@ class ChainReader:
         """Starts reading `chain`'s changes in the background; the read unpins the chain when done."""
         def read():
             try:
-                tally: list[int] = []
-                return self._changes(version, chain, tally), sum(tally)
+                return self._counted_changes(version, chain)
             finally:
                 self._unpin_chain(chain)
         future = _deferred_read_pool().submit(read)   # if it raises, load_lazy still holds the pins and drops them
@@ -377,13 +380,16 @@ class ChainReader:
                 raise StaleState(f"{self.ctx.name}: version {version} is no longer commit {commit_id} over the row "
                                  f"image {image_path} (it was committed again, or its files rewritten, since it was "
                                  f"loaded); load it again.")
-            locks.pin(f.path for f in chain[1:])
-            locks.pin(chain[0].paths)
+            self._pin_chain(chain)
         try:
-            tally: list[int] = []
-            return self._changes(version, chain, tally), sum(tally)
+            return self._counted_changes(version, chain)
         finally:
             self._unpin_chain(chain)
+
+    def _counted_changes(self, version: int, chain) -> tuple[pa.Table | None, int]:
+        """``_changes`` and the bytes read for them."""
+        tally: list[int] = []
+        return self._changes(version, chain, tally), sum(tally)
 
     def _changes(self, version: int, chain, tally: list[int]) -> pa.Table | None:
         """The changes after a chain's snapshot, each key's last write (``fold_changes``)."""
