@@ -219,6 +219,25 @@ public class RemoteImageProbe {
         Object map = rows.get(s.read);
         return "OK " + (map instanceof DeferredRestore d ? (d.settled() ? "settled" : "pending") : "no");
       }
+      case "metrics": {   // a writable store of version a[2] on a new provider (a restore), a get of key a[3], then the
+                          // load's metrics (rows loaded, bytes read, image loads); aborted
+        StateStoreProvider p = provider(s.spec);
+        try {
+          StateStore w = p.getStore(Long.parseLong(a[2]), scala.Option.empty(), false, false);
+          try {
+            w.get(key(Long.parseLong(a[3])), CF);
+            java.util.Map<String, Object> byName = new HashMap<>();
+            scala.jdk.javaapi.CollectionConverters.asJava(w.metrics().customMetrics())
+                .forEach((m, v) -> byName.put(m.name(), v));
+            return "OK " + byName.get("sparkStateRowsLoaded") + " " + byName.get("sparkStateBytesRead") + " "
+                + byName.get("sparkStateImageLoads");
+          } finally {
+            w.abort();
+          }
+        } finally {
+          p.close();
+        }
+      }
       case "killworker": {   // SIGKILLs this JVM's state worker (the next request starts a new one)
         return "OK " + ProcessHandle.current().descendants()
             .filter(h -> h.info().commandLine().orElse("").contains("spark_state.worker"))

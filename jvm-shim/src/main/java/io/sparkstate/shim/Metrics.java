@@ -63,6 +63,25 @@ final class Metrics {
     }
   }
 
+  /**
+   * Loads that end after their store opened: a deferred restore's changes after its row image arrive with the
+   * store's first use ({@code engine.DeferredRestore}). The store that reports its metrics next takes them.
+   */
+  static final class LateLoads {
+    private Load pending = Load.NONE;
+
+    synchronized void add(Load load) {
+      pending = pending.plus(load);
+    }
+
+    /** What was added since the last call. */
+    synchronized Load drain() {
+      Load out = pending;
+      pending = Load.NONE;
+      return out;
+    }
+  }
+
   /** One store's metrics for its batch ({@code atStart}: the rows' stats when the batch began). */
   static StateStoreMetrics of(StateMap rows, LocalStats atStart, long commitTimeMs, Load load,
       long bytesWritten, long workerRestarts, long maintenanceFailures) {

@@ -31,7 +31,7 @@ final class SparkStateStore extends StoreView implements StateStore {
   private boolean commitSent;
 
   // metrics of this store's batch
-  private final Metrics.Load load;
+  private Metrics.Load load;
   private final LocalStats atStart;
   private final long restartsAtStart;
   private long commitTimeMs;
@@ -114,6 +114,9 @@ final class SparkStateStore extends StoreView implements StateStore {
 
   @Override
   public StateStoreMetrics metrics() {
+    synchronized (this) {
+      load = load.plus(provider.lateLoads.drain());   // a deferred restore's changes, read during the batch
+    }
     return Metrics.of(rows, atStart, commitTimeMs, load, bytesWritten,
         provider.workerRestarts() - restartsAtStart,
         provider.maintenanceFailures());
