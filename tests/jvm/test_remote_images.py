@@ -362,20 +362,26 @@ def test_an_executor_that_cannot_keep_a_local_copy_restores_from_the_downloaded_
         probe.close()
 
 
-def test_an_image_the_checkpoint_lost_fails_the_read_clearly_and_the_retry_loads_rows(endpoint, classes, tmp_path):
-    """The image's tail comes from the manifest, so its open needs no byte of the file: a file deleted after
-    that fails the first read that needs it, as damage (a retry would meet it again), and the store's next load
-    reads the snapshot's rows instead, exactly."""
+@pytest.mark.parametrize("loss", ["deleted", "truncated"])
+def test_an_image_the_checkpoint_lost_fails_the_read_clearly_and_the_retry_loads_rows(endpoint, classes, tmp_path,
+                                                                                      loss):
+    """The image's tail comes from the manifest, so its open needs no byte of the file: a file deleted or
+    truncated after that (S3 answers a range past its end with 416) fails the first read that needs it, as
+    damage (a retry would meet it again), and the store's next load reads the snapshot's rows instead, exactly."""
     probe = Probe(classes, tmp_path, "-Dspark_state.imageFillStreams=0", "-Dspark_state.imageCachePage=4096")
     try:
         root = s3_root(endpoint)
         build(probe, "a", tmp_path / "ckpt", 0, root)
         fs = fsspec.filesystem("s3")
         [image] = [p for p in fs.find(root.removeprefix("s3://")) if p.endswith(".img")]
-        fs.rm(image)
+        if loss == "deleted":
+            fs.rm(image)
+        else:
+            fs.pipe_file(image, fs.cat_file(image, start=0, end=1024))
         probe.ok("open a 2")
         reply = probe.answer("get a 12345")
-        assert reply.startswith("ERR") and "is not the file its manifest names" in reply and "is missing" in reply \
+        assert reply.startswith("ERR") and "is not the file its manifest names" in reply \
+            and ("is missing" if loss == "deleted" else "shorter than the manifest") in reply \
             and "will reload its state from the checkpoint" in reply, reply
         probe.ok("open a 2")   # the task's retry
         assert probe.ok("deferred a") == ["no"]
