@@ -267,16 +267,17 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             raise self._missing(path) from None
         except OSError:
             # an object store answers a range that starts past the object's end with an error (S3's 416,
-            # "The requested range is not satisfiable": s3fs raises EINVAL), not with fewer bytes: if the file
-            # is shorter than a range asks for, read what it has, else the error is the storage's
+            # "The requested range is not satisfiable": s3fs raises EINVAL; other backends raise otherwise), not
+            # with fewer bytes: if the file is shorter than a range asks for, read what it has, else the error is
+            # the storage's (its size costs one request more, on this failure path only)
             try:
                 size = self.fs.size(full)
+                if size is None or all(end <= size for _, end in ranges):
+                    raise
+                inside = [(start, min(end, size)) for start, end in ranges if start < size]
+                chunks = iter(self._cat_ranges(full, inside) if inside else ())
             except FileNotFoundError:
                 raise self._missing(path) from None
-            if size is None or all(end <= size for _, end in ranges):
-                raise
-            inside = [(start, min(end, size)) for start, end in ranges if start < size]
-            chunks = iter(self._cat_ranges(full, inside) if inside else ())
             return [next(chunks) if start < size else b"" for start, _ in ranges]
 
     def _cat_ranges(self, full: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:

@@ -121,8 +121,6 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
   private boolean closed;
   /** What loading {@link #live} cost, not yet reported by a store's metrics. Guarded by {@code this}. */
   private Metrics.Load unreportedLoad = Metrics.Load.NONE;
-  /** What deferred restores read after their store opened ({@link #onImage}); the next store's metrics report it. */
-  final Metrics.LateLoads lateLoads = new Metrics.LateLoads();
   /** The version this provider last loaded or committed (-1: none); maintenance retains around it. */
   private volatile long heldVersion = -1;
   /** The worker's maintenance status of this store, as it last reported it. */
@@ -422,7 +420,7 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     }
     if (image.deferred != null) {
       StoreClient c = client;
-      Metrics.LateLoads late = lateLoads;
+      Metrics.LateLoads late = new Metrics.LateLoads();
       StateMap rows = new DeferredRestore(restore, image.keys, r -> {
         long t0 = System.nanoTime();
         StoreClient.Answer<Long> answer = c.changesAfterImage(version, commitId, lineage, image,
@@ -434,8 +432,8 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
             });
         late.add(new Metrics.Load((System.nanoTime() - t0) / 1_000_000L, answer.value(), answer.bytesRead(), 0));
       });
-      // the rows and bytes of the changes are counted as they arrive (lateLoads), not here
-      return new Loaded(new StateVersion(rows, version, commitId, image.typed), 0, 0, true);
+      // the rows and bytes of the changes are counted as they arrive (the version's lateLoads), not here
+      return new Loaded(new StateVersion(rows, version, commitId, image.typed, late), 0, 0, true);
     }
     try {
       boolean typed = image.typed;

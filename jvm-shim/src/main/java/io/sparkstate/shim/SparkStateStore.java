@@ -114,10 +114,15 @@ final class SparkStateStore extends StoreView implements StateStore {
 
   @Override
   public StateStoreMetrics metrics() {
+    Metrics.Load all;
     synchronized (this) {
-      load = load.plus(provider.lateLoads.drain());   // a deferred restore's changes, read during the batch
+      if (base.lateLoads != null) {
+        rows.knownSize();   // a deferred restore's changes are read before their share is taken
+        load = load.plus(base.lateLoads.drain());
+      }
+      all = load;
     }
-    return Metrics.of(rows, atStart, commitTimeMs, load, bytesWritten,
+    return Metrics.of(rows, atStart, commitTimeMs, all, bytesWritten,
         provider.workerRestarts() - restartsAtStart,
         provider.maintenanceFailures());
   }
