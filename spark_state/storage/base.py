@@ -113,7 +113,9 @@ class CheckpointStorage(ABC):
 
     @abstractmethod
     def read_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        """Byte ranges [start, end) of one data file, in one round trip where the backend allows."""
+        """Byte ranges [start, end) of one data file, in one round trip where the backend allows. A range past the
+        file's end gives the bytes it has (fewer, or none), as a local read does: the caller decides whether a
+        short file is damage (a row image's reader does)."""
 
     def local_path(self, path: str) -> str | None:
         """`path` as a file of this machine's filesystem when the backend keeps its files on a local disk, else

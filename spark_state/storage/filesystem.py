@@ -262,15 +262,32 @@ class FileSystemCheckpointStorage(CheckpointStorage):
             except FileNotFoundError:
                 raise self._missing(path) from None
         try:
-            if len(ranges) > 1 and not getattr(self.fs, "async_impl", False):
-                # a blocking filesystem (HDFS, sftp, ...) reads ranges one after the other: read them at once
-                from spark_state.storage.reads import read_pool
-
-                return list(read_pool().map(lambda r: self.fs.cat_file(full, r[0], r[1]), ranges))
-            return self.fs.cat_ranges([full] * len(ranges), [r[0] for r in ranges], [r[1] for r in ranges],
-                                      on_error="raise")
+            return self._cat_ranges(full, ranges)
         except FileNotFoundError:
             raise self._missing(path) from None
+        except OSError:
+            # an object store answers a range that starts past the object's end with an error (S3's 416,
+            # "The requested range is not satisfiable": s3fs raises EINVAL; other backends raise otherwise), not
+            # with fewer bytes: if the file is shorter than a range asks for, read what it has, else the error is
+            # the storage's (its size costs one request more, on this failure path only)
+            try:
+                size = self.fs.size(full)
+                if size is None or all(end <= size for _, end in ranges):
+                    raise
+                inside = [(start, min(end, size)) for start, end in ranges if start < size]
+                chunks = iter(self._cat_ranges(full, inside) if inside else ())
+            except FileNotFoundError:
+                raise self._missing(path) from None
+            return [next(chunks) if start < size else b"" for start, _ in ranges]
+
+    def _cat_ranges(self, full: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        if len(ranges) > 1 and not getattr(self.fs, "async_impl", False):
+            # a blocking filesystem (HDFS, sftp, ...) reads ranges one after the other: read them at once
+            from spark_state.storage.reads import read_pool
+
+            return list(read_pool().map(lambda r: self.fs.cat_file(full, r[0], r[1]), ranges))
+        return self.fs.cat_ranges([full] * len(ranges), [r[0] for r in ranges], [r[1] for r in ranges],
+                                  on_error="raise")
 
     def list_records(self, name: str = MANIFEST_NAME) -> dict[int, str]:
         try:

@@ -110,6 +110,14 @@ public class RemoteImageProbe {
     return VALUES.apply(new GenericInternalRow(new Object[] {n})).copy();
   }
 
+  /** pending / settled: a store restored by a deferred load, before / after its changes came; no: another store. */
+  static String deferredState(Object store) throws ReflectiveOperationException {
+    java.lang.reflect.Field rows = Class.forName("io.sparkstate.shim.StoreView").getDeclaredField("rows");
+    rows.setAccessible(true);
+    Object map = rows.get(store);
+    return map instanceof DeferredRestore d ? (d.settled() ? "settled" : "pending") : "no";
+  }
+
   public static void main(String[] args) throws Exception {
     BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
     PrintStream out = new PrintStream(System.out, true, StandardCharsets.UTF_8);
@@ -213,11 +221,28 @@ public class RemoteImageProbe {
         return "OK " + ms + " " + e.images().describe().size() + " " + files + " " + e.cache().usedBytes() + " "
             + e.budget().used();
       }
-      case "deferred": {   // whether the read store's changes after its image are still to come (a deferred load)
-        java.lang.reflect.Field rows = Class.forName("io.sparkstate.shim.StoreView").getDeclaredField("rows");
-        rows.setAccessible(true);
-        Object map = rows.get(s.read);
-        return "OK " + (map instanceof DeferredRestore d ? (d.settled() ? "settled" : "pending") : "no");
+      case "deferred":   // whether the read store's changes after its image are still to come (a deferred load)
+        return "OK " + deferredState(s.read);
+      case "metrics": {   // a writable store of version a[2] on a new provider (a restore): whether its load was
+                          // deferred (pending/no), then a get of key a[3] and the load's metrics (rows loaded, bytes
+                          // read, image loads); aborted
+        StateStoreProvider p = provider(s.spec);
+        try {
+          StateStore w = p.getStore(Long.parseLong(a[2]), scala.Option.empty(), false, false);
+          try {
+            String deferred = deferredState(w);
+            w.get(key(Long.parseLong(a[3])), CF);
+            java.util.Map<String, Object> byName = new HashMap<>();
+            scala.jdk.javaapi.CollectionConverters.asJava(w.metrics().customMetrics())
+                .forEach((m, v) -> byName.put(m.name(), v));
+            return "OK " + deferred + " " + byName.get("sparkStateRowsLoaded") + " " + byName.get("sparkStateBytesRead")
+                + " " + byName.get("sparkStateImageLoads");
+          } finally {
+            w.abort();
+          }
+        } finally {
+          p.close();
+        }
       }
       case "killworker": {   // SIGKILLs this JVM's state worker (the next request starts a new one)
         return "OK " + ProcessHandle.current().descendants()

@@ -362,20 +362,26 @@ def test_an_executor_that_cannot_keep_a_local_copy_restores_from_the_downloaded_
         probe.close()
 
 
-def test_an_image_the_checkpoint_lost_fails_the_read_clearly_and_the_retry_loads_rows(endpoint, classes, tmp_path):
-    """The image's tail comes from the manifest, so its open needs no byte of the file: a file deleted after
-    that fails the first read that needs it, as damage (a retry would meet it again), and the store's next load
-    reads the snapshot's rows instead, exactly."""
+@pytest.mark.parametrize("loss", ["deleted", "truncated"])
+def test_an_image_the_checkpoint_lost_fails_the_read_clearly_and_the_retry_loads_rows(endpoint, classes, tmp_path,
+                                                                                      loss):
+    """The image's tail comes from the manifest, so its open needs no byte of the file: a file deleted or
+    truncated after that (S3 answers a range past its end with 416) fails the first read that needs it, as
+    damage (a retry would meet it again), and the store's next load reads the snapshot's rows instead, exactly."""
     probe = Probe(classes, tmp_path, "-Dspark_state.imageFillStreams=0", "-Dspark_state.imageCachePage=4096")
     try:
         root = s3_root(endpoint)
         build(probe, "a", tmp_path / "ckpt", 0, root)
         fs = fsspec.filesystem("s3")
         [image] = [p for p in fs.find(root.removeprefix("s3://")) if p.endswith(".img")]
-        fs.rm(image)
+        if loss == "deleted":
+            fs.rm(image)
+        else:
+            fs.pipe_file(image, fs.cat_file(image, start=0, end=1024))
         probe.ok("open a 2")
         reply = probe.answer("get a 12345")
-        assert reply.startswith("ERR") and "is not the file its manifest names" in reply and "is missing" in reply \
+        assert reply.startswith("ERR") and "is not the file its manifest names" in reply \
+            and ("is missing" if loss == "deleted" else "shorter than the manifest") in reply \
             and "will reload its state from the checkpoint" in reply, reply
         probe.ok("open a 2")   # the task's retry
         assert probe.ok("deferred a") == ["no"]
@@ -424,6 +430,34 @@ def test_a_restore_opens_before_its_changes_arrive_and_no_read_sees_the_image_wi
             off.provider("a", tmp_path / "ckpt", 0, f"checkpointRoot={root}", *IMAGES)
             off.ok("open a 2")
             assert off.ok("deferred a") == ["no"] and off.ok("get a 1 7") == ["null", "7"]
+        finally:
+            off.close()
+    finally:
+        probe.close()
+
+
+def test_a_deferred_restore_reports_the_changes_it_read_in_its_batch_metrics(endpoint, classes, tmp_path):
+    """The changes after the image arrive after the store opened (a deferred load); the batch's metrics still
+    count them: sparkStateRowsLoaded the rows decoded, each key once (version 2 deleted keys 0, 1, 2, version 3
+    put key 0 back: three keys from four changes) and sparkStateBytesRead the bytes of the two delta files they
+    came from (the image's tail came in the manifest). The same figures as a load that waits for the changes."""
+    probe = Probe(classes, tmp_path)
+    try:
+        root = s3_root(endpoint)
+        build(probe, "a", tmp_path / "ckpt", 0, root)
+        assert probe.ok("write a 2 0 1 1") == ["3"]
+        fs = fsspec.filesystem("s3")
+        fs.invalidate_cache()   # build() listed the store before version 3: s3fs's info() would use that listing
+        deltas = [p for p in fs.find(root.removeprefix("s3://")) if "-delta-" in p and p.endswith(".arrow")
+                  and ("/v0000000002-" in p or "/v0000000003-" in p)]
+        assert len(deltas) == 2, deltas
+        deferred, rows, read, images = probe.ok("metrics a 3 5")
+        assert (deferred, int(rows), int(read), int(images)) == ("pending", 3, sum(map(fs.size, deltas)), 1)
+        (tmp_path / "off").mkdir()
+        off = Probe(classes, tmp_path / "off", "-Dspark_state.deferChanges=false")
+        try:
+            off.provider("a", tmp_path / "ckpt", 0, f"checkpointRoot={root}", *IMAGES)
+            assert off.ok("metrics a 3 5") == ["no", rows, read, images], "deferral changes what the metrics say"
         finally:
             off.close()
     finally:

@@ -33,6 +33,8 @@ def test_write_read_ranges_and_listing(storage):
     storage.write_file(path, b"0123456789")
     assert storage.read_file(path) == b"0123456789"
     assert [bytes(b) for b in storage.read_ranges(path, [(0, 2), (5, 9)])] == [b"01", b"5678"]
+    # past the end: what the file has, as a local read gives it (a row image's reader calls that damage)
+    assert [bytes(b) for b in storage.read_ranges(path, [(8, 12), (20, 30), (1, 3)])] == [b"89", b"", b"12"]
     assert storage.list_files() == [path]
     assert storage.list_versions() == []          # data without a manifest is not a version
     with pytest.raises(VersionNotFound, match="versions present: none"):
@@ -206,3 +208,39 @@ def test_listing_versions_on_s3_is_one_request_not_one_per_version():
     assert len(lists) == 1, f"{len(lists)} listings for 12 versions"
     assert sorted(storage.list_records("_snapshot")) == [4, 8, 12]
     assert storage.read_manifest(7) == b"m7"
+
+
+def test_a_range_past_the_end_that_the_backend_refuses_reads_what_the_file_has_and_other_errors_stay(tmp_path,
+                                                                                                     monkeypatch):
+    """An object store refuses a range that starts past an object's end (S3: 416, which s3fs raises as OSError)
+    where a local read gives fewer bytes: read_ranges answers it as the local read does, so that a truncated row
+    image reads as damage. An error on a file that holds every range asked (a timeout) is the storage's, raised."""
+    import errno
+
+    root = f"memory://{tmp_path.name}/refusing"
+    storage = FileSystemCheckpointStorage(root)
+    path = storage.new_file_path(1, "delta")
+    storage.write_file(path, b"0123456789")
+    fs, original = storage.fs, storage.fs.cat_file
+    failures = []
+
+    def refusing(full, start=None, end=None, **kw):   # S3's answer to a range past the end
+        if start is not None and start >= fs.size(full):
+            raise OSError(errno.EINVAL, "The requested range is not satisfiable")
+        if failures:
+            raise failures.pop()
+        return original(full, start=start, end=end, **kw)
+
+    monkeypatch.setattr(fs, "cat_file", refusing)
+    monkeypatch.setattr(fs, "cat_ranges", lambda paths, starts, ends, **kw: [refusing(p, s, e) for p, s, e
+                                                                             in zip(paths, starts, ends)])
+    try:
+        with pytest.raises(OSError):
+            refusing(storage._full(path), 12, 20)
+        assert [bytes(b) for b in storage.read_ranges(path, [(12, 20)])] == [b""]
+        assert [bytes(b) for b in storage.read_ranges(path, [(20, 30), (8, 12), (0, 2)])] == [b"", b"89", b"01"]
+        failures.append(TimeoutError(errno.ETIMEDOUT, "timed out"))
+        with pytest.raises(TimeoutError):
+            storage.read_ranges(path, [(0, 2), (5, 9)])   # the file holds both: not a short file
+    finally:
+        fs.rm(f"/{tmp_path.name}", recursive=True)

@@ -30,11 +30,11 @@ final class Metrics {
       "sparkStateImageRows", "spark_state: rows on local disk (sorted runs and the checkpoint's row image), looked up "
       + "there rather than held on the heap");
   static final StateStoreCustomMetric ROWS_LOADED = new StateStoreCustomSumMetric(
-      "sparkStateRowsLoaded", "spark_state: rows decoded into the heap by the batch's load (0 when the version was "
-      + "held, or only its row image's index was read)");
+      "sparkStateRowsLoaded", "spark_state: rows decoded into the heap by the batch's load (when it opened a row "
+      + "image: the changes after it, each key once; 0 when the version was held)");
   static final StateStoreCustomMetric BYTES_READ = new StateStoreCustomSumMetric(
       "sparkStateBytesRead", "spark_state: bytes of checkpoint files read from storage by the batch's load (chain "
-      + "files, a downloaded row image or its tail)");
+      + "files, a downloaded row image or its tail, the changes after it)");
   static final StateStoreCustomMetric IMAGE_LOADS = new StateStoreCustomSumMetric(
       "sparkStateImageLoads", "spark_state: stores whose load opened the version's row image instead of decoding "
       + "its rows");
@@ -60,6 +60,26 @@ final class Metrics {
 
     Load plus(Load o) {
       return new Load(timeMs + o.timeMs, rows + o.rows, bytesRead + o.bytesRead, images + o.images);
+    }
+  }
+
+  /**
+   * What a load read after its store opened: a deferred restore's changes after its row image arrive with the
+   * store's first use ({@code engine.DeferredRestore}). Held by the version loaded ({@code StateVersion}); the
+   * first writable store on it that reports its metrics takes them.
+   */
+  static final class LateLoads {
+    private Load pending = Load.NONE;
+
+    synchronized void add(Load load) {
+      pending = pending.plus(load);
+    }
+
+    /** What was added since the last call. */
+    synchronized Load drain() {
+      Load out = pending;
+      pending = Load.NONE;
+      return out;
     }
   }
 

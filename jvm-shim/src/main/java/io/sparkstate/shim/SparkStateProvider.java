@@ -420,14 +420,20 @@ public class SparkStateProvider implements StateStoreProvider, SupportsFineGrain
     }
     if (image.deferred != null) {
       StoreClient c = client;
-      StateMap rows = new DeferredRestore(restore, image.keys, r -> c.changesAfterImage(version, commitId, lineage,
-          image, (n, id, none, body) -> {
-            if (n > 0 && ArrowCodec.decodeState(body, keySchema, valueSchema, r::change, true) != image.typed) {
-              throw new IOException("the changes after row image " + image.id + " are not in its file format");
-            }
-            return null;
-          }));
-      return new Loaded(new StateVersion(rows, version, commitId, image.typed), changes, 0, true);
+      Metrics.LateLoads late = new Metrics.LateLoads();
+      StateMap rows = new DeferredRestore(restore, image.keys, r -> {
+        long t0 = System.nanoTime();
+        StoreClient.Answer<Long> answer = c.changesAfterImage(version, commitId, lineage, image,
+            (n, id, none, body) -> {
+              if (n > 0 && ArrowCodec.decodeState(body, keySchema, valueSchema, r::change, true) != image.typed) {
+                throw new IOException("the changes after row image " + image.id + " are not in its file format");
+              }
+              return n;   // folded: each key once
+            });
+        late.add(new Metrics.Load((System.nanoTime() - t0) / 1_000_000L, answer.value(), answer.bytesRead(), 0));
+      });
+      // the rows and bytes of the changes are counted as they arrive (the version's lateLoads), not here
+      return new Loaded(new StateVersion(rows, version, commitId, image.typed, late), 0, 0, true);
     }
     try {
       boolean typed = image.typed;

@@ -31,7 +31,7 @@ final class SparkStateStore extends StoreView implements StateStore {
   private boolean commitSent;
 
   // metrics of this store's batch
-  private final Metrics.Load load;
+  private Metrics.Load load;
   private final LocalStats atStart;
   private final long restartsAtStart;
   private long commitTimeMs;
@@ -114,7 +114,15 @@ final class SparkStateStore extends StoreView implements StateStore {
 
   @Override
   public StateStoreMetrics metrics() {
-    return Metrics.of(rows, atStart, commitTimeMs, load, bytesWritten,
+    Metrics.Load all;
+    synchronized (this) {
+      if (base.lateLoads != null) {
+        rows.knownSize();   // a deferred restore's changes are read before their share is taken
+        load = load.plus(base.lateLoads.drain());
+      }
+      all = load;
+    }
+    return Metrics.of(rows, atStart, commitTimeMs, all, bytesWritten,
         provider.workerRestarts() - restartsAtStart,
         provider.maintenanceFailures());
   }

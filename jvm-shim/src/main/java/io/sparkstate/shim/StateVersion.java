@@ -20,12 +20,23 @@ final class StateVersion {
    * its changes cannot build on these files.
    */
   final boolean typedFiles;
+  /**
+   * What loading this version read after its store opened (a deferred restore's changes after its row image,
+   * {@code engine.DeferredRestore}), for the metrics of the first writable store on it; null: nothing comes
+   * late. Dropped with the version (an aborted attempt's share is not its retry's).
+   */
+  final Metrics.LateLoads lateLoads;
 
   StateVersion(StateMap rows, long version, String commitId, boolean typedFiles) {
+    this(rows, version, commitId, typedFiles, null);
+  }
+
+  StateVersion(StateMap rows, long version, String commitId, boolean typedFiles, Metrics.LateLoads lateLoads) {
     this.rows = rows;
     this.version = version;
     this.commitId = commitId;
     this.typedFiles = typedFiles;
+    this.lateLoads = lateLoads;
   }
 
   /** Whether a provider writing this format must ship the next version whole. */
