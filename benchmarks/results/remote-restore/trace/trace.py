@@ -1,10 +1,12 @@
-"""Where a warm getStore + first get spends its time, request by request (issue 38, stop 46).
+"""Where a getStore + first get spends its time, request by request (issue 38, stop 46; started, session 10).
 
 Run from the repository root: ``python benchmarks/results/remote-restore/trace/trace.py KEYS LATENCY_MS
 [JVM flags]`` (under ``flock /work/spark.lock``). Builds KEYS keys on the loopback S3 server (as
-benchmarks/remote_restore.py does), then three times: a JVM serves store w (a warm executor), opens store a
+benchmarks/remote_restore.py does), then RUNS times (default 3): a JVM serves store w (a warm executor) or,
+with ``TRACE_MODE=started``, runs what the executor plugin runs at an executor's start; then it opens store a
 and gets one key, and prints each request the proxy forwarded meanwhile (SPARK_STATE_PROXY_TRACE) with its
-start and end in ms from the open."""
+start and end in ms from the open, and the open's start as a Unix time (``abs t0``) to line up other clocks
+with (``trace-points.patch`` beside this script)."""
 import json, os, sys, tempfile, time, uuid
 from pathlib import Path
 sys.path.insert(0, os.getcwd())
@@ -39,11 +41,15 @@ os.environ["SPARK_STATE_PROXY_TRACE"] = str(trace)
 proxy = S3Proxy(int(endpoint.rsplit(":", 1)[1]), work)
 os.environ["AWS_ENDPOINT_URL"] = proxy.url
 proxy.set_latency(lat)
-for run in range(3):
+started = os.environ.get("TRACE_MODE", "warm") == "started"
+for run in range(int(os.environ.get("RUNS", "3"))):
     p = probe()
     p.ok(f"provider w {ckpt} {sys.executable} 1 {' '.join(options(root, True))}")
     p.ok(f"provider a {ckpt} {sys.executable} 0 {' '.join(options(root, True))}")
-    p.ok("open w 2"); assert p.ok("get w 5") == ["5"]
+    if started:
+        p.ok("warmup")
+    else:
+        p.ok("open w 2"); assert p.ok("get w 5") == ["5"]
     time.sleep(0.5)
     trace.write_text("")
     t0 = time.time()
@@ -53,6 +59,7 @@ for run in range(3):
     t2 = time.time()
     time.sleep(0.3)
     p.close(60)
+    print(f"abs t0 {t0:.4f}")
     print(f"run {run}: open {1000*(t1-t0):.1f} ms (jvm says {o}), first get {1000*(t2-t1):.1f} ms, total {1000*(t2-t0):.1f}")
     for line in trace.read_text().splitlines():
         r = json.loads(line)
