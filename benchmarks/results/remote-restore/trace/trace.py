@@ -7,45 +7,22 @@ with ``TRACE_MODE=started``, runs what the executor plugin runs at an executor's
 and gets one key, and prints each request the proxy forwarded meanwhile (SPARK_STATE_PROXY_TRACE) with its
 start and end in ms from the open, and the open's start as a Unix time (``abs t0``) to line up other clocks
 with (``trace-points.patch`` beside this script)."""
-import json, os, sys, tempfile, time, uuid
-from pathlib import Path
+import json, os, sys, time
 sys.path.insert(0, os.getcwd())
-from tests.support import s3_server
-from tests.support.s3_proxy import S3Proxy
-from tests.support.jvm_probes import probe_command
-from benchmarks.remote_restore import Probe, options
+from benchmarks.remote_restore import Rig
 
 keys = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
 lat = int(sys.argv[2]) if len(sys.argv) > 2 else 10
-extra = sys.argv[3:]
-work = Path(tempfile.mkdtemp(prefix="trace-"))
-os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"})
-endpoint, moto = s3_server.start_process(ranged=True)
-os.environ["AWS_ENDPOINT_URL"] = endpoint
-import boto3
-bucket = f"bench-{uuid.uuid4().hex[:8]}"
-boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
-root = f"s3://{bucket}/state"
-classes = work / "classes"; classes.mkdir(); ckpt = work / "ckpt"
-def probe(heap="2g"):
-    return Probe(probe_command("RemoteImageProbe.java", "io.sparkstate.shim.engine.RemoteImageProbe", classes,
-                               f"-Djava.io.tmpdir={work}", *extra, heap=heap))
-p = probe("4g")
-p.ok(f"provider a {ckpt} {sys.executable} 0 {' '.join(options(root, True))}")
-p.ok(f"write a 0 0 {keys} 1"); p.ok("drain"); p.ok("remove a 1 0 1 2")
-p.ok(f"provider w {ckpt} {sys.executable} 1 {' '.join(options(root, True))}")
-p.ok("write w 0 0 1000 1"); p.ok("drain"); p.ok("remove w 1 0 1 2")
-p.close(120)
-trace = work / "trace.jsonl"
+rig = Rig(tuple(sys.argv[3:]), heap="2g", prefix="trace-")
+rig.build(keys)
+trace = rig.work / "trace.jsonl"
 os.environ["SPARK_STATE_PROXY_TRACE"] = str(trace)
-proxy = S3Proxy(int(endpoint.rsplit(":", 1)[1]), work)
-os.environ["AWS_ENDPOINT_URL"] = proxy.url
-proxy.set_latency(lat)
+rig.behind_proxy(lat)
 started = os.environ.get("TRACE_MODE", "warm") == "started"
 for run in range(int(os.environ.get("RUNS", "3"))):
-    p = probe()
-    p.ok(f"provider w {ckpt} {sys.executable} 1 {' '.join(options(root, True))}")
-    p.ok(f"provider a {ckpt} {sys.executable} 0 {' '.join(options(root, True))}")
+    p = rig.probe()
+    p.ok(rig.provider("w", 1, True))
+    p.ok(rig.provider("a", 0, True))
     if started:
         p.ok("warmup")
     else:
@@ -65,4 +42,4 @@ for run in range(int(os.environ.get("RUNS", "3"))):
         r = json.loads(line)
         if r["t0"] > t2: continue
         print(f"   {1000*(r['t0']-t0):7.1f} .. {1000*(r['t1']-t0):7.1f}  {r['m']} {r['path'][:90]} {r['range']}")
-proxy.stop(); moto.terminate()
+rig.close()
