@@ -118,36 +118,94 @@ def options(root: str, ranges: bool) -> list[str]:
             f"rowImages.rangeReads={'true' if ranges else 'false'}"]
 
 
+class Rig:
+    """The loopback S3 server with a bucket for one checkpoint, the latency proxy before it once
+    ``behind_proxy`` ran, and the probe JVMs that read it: what this benchmark and the experiments beside its
+    results (benchmarks/results/remote-restore/) start from. ``ranged``: the server's ranged GETs read only
+    their range, as S3's do (tests/support/moto_ranges.py). It sets this process's AWS variables while it runs;
+    ``close`` stops the server and the proxy and puts the environment back."""
+
+    def __init__(self, jvm_flags: tuple[str, ...] = (), ranged: bool = True, heap: str = "1g",
+                 prefix: str = "remote-restore-"):
+        self.work = Path(tempfile.mkdtemp(prefix=prefix))
+        self.jvm_flags = tuple(jvm_flags)
+        self.heap = heap
+        self.proxy: S3Proxy | None = None
+        self._env = dict(os.environ)
+        os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                           "AWS_DEFAULT_REGION": "us-east-1"})
+        try:
+            self.endpoint, self.server = s3_server.start_process(ranged=ranged)
+        except BaseException:
+            os.environ.clear()
+            os.environ.update(self._env)
+            raise
+        os.environ["AWS_ENDPOINT_URL"] = self.endpoint
+        try:
+            import boto3
+
+            self.bucket = f"bench-{uuid.uuid4().hex[:8]}"
+            boto3.client("s3", endpoint_url=self.endpoint).create_bucket(Bucket=self.bucket)
+        except BaseException:
+            self.close()
+            raise
+        self.root = f"s3://{self.bucket}/state"
+        self.classes = self.work / "classes"
+        self.classes.mkdir()
+        self.ckpt = self.work / "ckpt"
+
+    def probe(self, heap: str | None = None, *jvm: str) -> Probe:
+        """A new probe JVM (an executor) with the rig's JVM flags and its temporary files under the rig's."""
+        cmd = probe_command("RemoteImageProbe.java", "io.sparkstate.shim.engine.RemoteImageProbe", self.classes,
+                            f"-Djava.io.tmpdir={self.work}", *self.jvm_flags, *jvm, heap=heap or self.heap)
+        return Probe(cmd)
+
+    def provider(self, name: str, partition: int, ranges: bool) -> str:
+        """The probe command making store ``name``'s provider for ``partition`` of the checkpoint."""
+        return f"provider {name} {self.ckpt} {sys.executable} {partition} {' '.join(options(self.root, ranges))}"
+
+    def build(self, keys: int, warm_store: bool = True) -> None:
+        """Store a (partition 0): version 1 holds keys 0..keys-1, each its own value, version 2 deletes keys 0-2,
+        so a restore of version 2 reads a row image and the changes after it. ``warm_store``: store w
+        (partition 1) the same with 1,000 keys, what a warm executor served before the move. Background work
+        drained: the row images are written."""
+        p = self.probe("4g")
+        try:
+            for name, partition, n in (("a", 0, keys), ("w", 1, 1000))[:2 if warm_store else 1]:
+                p.ok(self.provider(name, partition, True))
+                assert p.ok(f"write {name} 0 0 {n} 1") == ["1"]
+                p.ok("drain")
+                assert p.ok(f"remove {name} 1 0 1 2") == ["2"]
+        finally:
+            p.close(120)
+
+    def behind_proxy(self, latency_ms: float = 0) -> S3Proxy:
+        """Puts the latency proxy before the server (for probes started from now on) and answers it."""
+        self.proxy = S3Proxy(int(self.endpoint.rsplit(":", 1)[1]), self.work)
+        os.environ["AWS_ENDPOINT_URL"] = self.proxy.url
+        self.proxy.set_latency(latency_ms)
+        return self.proxy
+
+    def close(self) -> None:
+        if self.proxy is not None:
+            self.proxy.stop()
+        self.server.terminate()
+        self.server.wait(10)
+        os.environ.clear()
+        os.environ.update(self._env)
+
+
 def run(keys: int, latencies: list[int], out: Path, jvm_flags: tuple[str, ...] = (), server: str = "ranged",
         heap: str = "1g", repeat: int = 1) -> dict:
-    work = Path(tempfile.mkdtemp(prefix="remote-restore-"))
-    env = dict(os.environ)
-    os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1"})
-    endpoint, moto = s3_server.start_process(ranged=server == "ranged")
-    os.environ["AWS_ENDPOINT_URL"] = endpoint
-    proxy = None
+    rig = Rig(jvm_flags, ranged=server == "ranged", heap=heap)
     try:
-        import boto3
         import fsspec
-
-        bucket = f"bench-{uuid.uuid4().hex[:8]}"
-        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
-        root = f"s3://{bucket}/state"
-        classes = work / "classes"
-        classes.mkdir()
-        ckpt = work / "ckpt"
-
-        def probe(probe_heap: str = heap, *jvm: str) -> Probe:
-            cmd = probe_command("RemoteImageProbe.java", "io.sparkstate.shim.engine.RemoteImageProbe", classes,
-                                f"-Djava.io.tmpdir={work}", *jvm_flags, *jvm, heap=probe_heap)
-            return Probe(cmd)
 
         @contextlib.contextmanager
         def fresh(spec: str):
             """A fresh executor: a new probe JVM with the provider of ``spec``, its worker up before the clock
             starts."""
-            p = probe()
+            p = rig.probe()
             try:
                 p.ok(spec)
                 p.ok("fetched")
@@ -156,30 +214,18 @@ def run(keys: int, latencies: list[int], out: Path, jvm_flags: tuple[str, ...] =
                 p.close(60)
 
         t0 = time.perf_counter()
-        p = probe("4g")
-        try:
-            p.ok(f"provider a {ckpt} {sys.executable} 0 {' '.join(options(root, True))}")
-            assert p.ok(f"write a 0 0 {keys} 1") == ["1"]
-            p.ok("drain")
-            assert p.ok("remove a 1 0 1 2") == ["2"]
-            # another store of the same checkpoint (partition 1): what a warm executor served before the move
-            p.ok(f"provider w {ckpt} {sys.executable} 1 {' '.join(options(root, True))}")
-            assert p.ok("write w 0 0 1000 1") == ["1"]
-            p.ok("drain")
-            assert p.ok("remove w 1 0 1 2") == ["2"]   # its restores read an image and changes, as a's do
-        finally:
-            p.close(120)
-        fs = fsspec.filesystem("s3", client_kwargs={"endpoint_url": endpoint})
-        images = [f for f in fs.find(f"{bucket}/state") if f.endswith(".img")]
+        rig.build(keys)
+        fs = fsspec.filesystem("s3", client_kwargs={"endpoint_url": rig.endpoint})
+        images = [f for f in fs.find(f"{rig.bucket}/state") if f.endswith(".img")]
         assert len(images) == 2, images
         image_bytes = max(fs.size(f) for f in images)
         print(f"built {keys:,} keys in {time.perf_counter() - t0:.0f} s; row image {image_bytes / 2**20:.1f} MiB",
               flush=True)
-        rig = range_cost(fs, max(images, key=fs.size), min(images, key=fs.size))
-        print(f"the server: {rig}", flush=True)
+        server_cost = range_cost(fs, max(images, key=fs.size), min(images, key=fs.size))
+        print(f"the server: {server_cost}", flush=True)
 
-        proxy = S3Proxy(int(endpoint.rsplit(":", 1)[1]), work)
-        os.environ["AWS_ENDPOINT_URL"] = proxy.url
+        proxy = rig.behind_proxy()
+        moto = rig.server
         batch = max(1, keys // 100)
         first = keys // 2
         rows = []
@@ -190,7 +236,7 @@ def run(keys: int, latencies: list[int], out: Path, jvm_flags: tuple[str, ...] =
             for rep in range(repeat):
                 for mode in ("range", "download"):
                     ranges = mode == "range"
-                    spec = f"provider a {ckpt} {sys.executable} 0 {' '.join(options(root, ranges))}"
+                    spec = rig.provider("a", 0, ranges)
                     # a fresh executor: open, first get, 1% of the keys
                     with fresh(spec) as p:
                         cpu0 = cpu_seconds(moto.pid, proxy.proc.pid)
@@ -210,9 +256,9 @@ def run(keys: int, latencies: list[int], out: Path, jvm_flags: tuple[str, ...] =
                         (s_open, s_get, s_batch), _ = restore_and_batch(p, proxy, first, batch)
                     # a warm executor (its JVM and worker served store w of the same checkpoint): open, first get,
                     # 1% of the keys of a store it holds no file of
-                    p = probe()
+                    p = rig.probe()
                     try:
-                        p.ok(f"provider w {ckpt} {sys.executable} 1 {' '.join(options(root, ranges))}")
+                        p.ok(rig.provider("w", 1, ranges))
                         p.ok(spec)
                         p.ok("open w 2")
                         assert p.ok("get w 5") == ["5"]
@@ -241,7 +287,8 @@ def run(keys: int, latencies: list[int], out: Path, jvm_flags: tuple[str, ...] =
                     all_runs.append(row)
                     print(json.dumps(row), flush=True)
             rows += [_median([r for r in runs if r["mode"] == mode]) for mode in ("range", "download")]
-        result = dict(keys=keys, image_bytes=image_bytes, batch_keys=batch, latencies=latencies, rows=rows, rig=rig,
+        result = dict(keys=keys, image_bytes=image_bytes, batch_keys=batch, latencies=latencies, rows=rows,
+                      rig=server_cost,
                       heap=heap, repeat=repeat, runs=all_runs,
                       command=" ".join(["python -m benchmarks.remote_restore", "--keys", str(keys), "--latencies",
                                         ",".join(map(str, latencies)), "--heap", heap, "--repeat", str(repeat),
@@ -250,12 +297,7 @@ def run(keys: int, latencies: list[int], out: Path, jvm_flags: tuple[str, ...] =
         write(result, out)
         return result
     finally:
-        if proxy is not None:
-            proxy.stop()
-        moto.terminate()
-        moto.wait(10)
-        os.environ.clear()
-        os.environ.update(env)
+        rig.close()
 
 
 def write(result: dict, out: Path) -> None:

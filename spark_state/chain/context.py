@@ -26,13 +26,21 @@ class StoreLocks:
     compaction record write and retention's deletions; loads and compactions
     hold it only while they pin the files they will read. ``pins`` counts
     those files: retention never deletes a pinned file. ``maintenance`` lets
-    one compaction + retention run at a time.
+    one compaction + retention run at a time. ``queued`` counts the worker's
+    background jobs of the store that have not run yet (they hold this store).
     """
 
     def __init__(self):
         self.lock = threading.RLock()
         self.maintenance = threading.Lock()
         self._pins: collections.Counter[str] = collections.Counter()
+        self._queued = 0
+        self._queued_lock = threading.Lock()
+
+    def queued(self, delta: int) -> None:
+        """A background job of the store was queued (+1) or has run, or was never queued after all (-1)."""
+        with self._queued_lock:
+            self._queued += delta
 
     def pin(self, paths: Iterable[str]) -> None:
         """Marks files as being read (call with ``lock`` held, together with reading what names them)."""
@@ -49,7 +57,7 @@ class StoreLocks:
 
     def busy(self) -> bool:
         """True while anything of this process is using the store (it must not be evicted)."""
-        if self._pins or self.maintenance.locked():
+        if self._pins or self._queued or self.maintenance.locked():
             return True
         if not self.lock.acquire(blocking=False):
             return True

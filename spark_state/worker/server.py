@@ -130,6 +130,27 @@ class Dispatcher:
         self.deferred.sweep()
         return method(header, body)
 
+    def _in_background(self, kind: str, store, job, argument, merge=lambda old, new: new) -> bool:
+        """Queues ``job(argument)`` of `store` (BackgroundWork.submit, keyed by `kind` and the store); the store
+        stays busy until it has run, so the worker does not drop it as idle meanwhile and open a second object
+        of it whose compaction would run beside this one's with locks and pins of its own."""
+        locks = store.ctx.locks
+        locks.queued(1)
+
+        def run(arg):
+            try:
+                job(arg)
+            finally:
+                locks.queued(-1)
+
+        queued = False
+        try:
+            queued = self.background.submit((kind, store), run, argument, merge)
+        finally:
+            if not queued:   # merged into the job already waiting (which holds the store), or not queued at all
+                locks.queued(-1)
+        return queued
+
     @staticmethod
     def release_memory(size: int) -> None:
         """Hands memory of a large request back to the OS: Arrow's allocator otherwise keeps it."""
@@ -179,7 +200,7 @@ class Dispatcher:
                               repeated_keys=bool(header.get("repeatedKeys")), staged=staged,
                               keys=keys, lineage=bool(header.get("lineage")))
         if result.compaction_due:   # at once, in the background; a waiting compaction takes the newer version
-            self.background.submit(("compaction", store), store.compact, version, max)
+            self._in_background("compaction", store, store.compact, version, max)
         # "files": what a commit writes, a data file and a manifest (a field of protocol 1, kept for the shim)
         return {"ok": True, "bytes": result.bytes_written, "files": 2, "commitId": result.commit_id,
                 "ms": round((time.perf_counter() - started) * 1000, 3), **_maintenance_status(store)}, b""
@@ -308,7 +329,7 @@ class Dispatcher:
         version = _optional_int(header, "version")
         store = self._store(header)
         # one waiting run per store is enough: it takes the newest request's arguments
-        queued = self.background.submit(("maintenance", store), lambda args: store.maintenance(*args), (keep, version))
+        queued = self._in_background("maintenance", store, lambda args: store.maintenance(*args), (keep, version))
         return {"ok": True, "queued": queued, **_maintenance_status(store)}, b""
 
     def op_drain(self, header, body):

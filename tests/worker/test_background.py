@@ -136,3 +136,26 @@ def test_a_commit_whose_chain_is_not_due_queues_nothing(dispatcher, tmp_path):
 def test_drain_needs_a_timeout(dispatcher, timeout):
     with pytest.raises(ProtocolError, match="timeoutMs"):
         dispatcher.handle({"op": "drain", "timeoutMs": timeout}, b"")
+
+
+def test_a_store_whose_compaction_waits_its_turn_is_not_evicted(dispatcher, tmp_path, monkeypatch):
+    """The worker drops stores idle for STORE_IDLE_SECONDS, but not one with background work still queued:
+    that job holds the store object, and a new object for the same store beside it would compact the chain
+    with locks and pins of its own while the old one does. Once the job ran, the idle store goes as before."""
+    import spark_state.chain.registry as registry
+
+    opened = gate(dispatcher.background)
+    try:
+        request(dispatcher, tmp_path, "commit", changes(range(100)), version=1)
+        request(dispatcher, tmp_path, "commit", changes(range(50, 100), 2), version=2, keys=100)
+        assert request(dispatcher, tmp_path, "drain", timeoutMs=0)["pending"] == 2   # the gate and the compaction
+        held = dispatcher._store(header(tmp_path, "load"))
+        monkeypatch.setattr(registry, "STORE_IDLE_SECONDS", 0.0)
+        dispatcher._store(header(tmp_path / "another", "load"))   # another query's request evicts idle stores
+        assert any(s is held for s in registry._STORES.values()), "evicted with its compaction queued"
+    finally:
+        opened.set()
+    assert request(dispatcher, tmp_path, "drain", timeoutMs=int(LONG * 1000))["pending"] == 0
+    assert view(dispatcher, tmp_path, 2).record is not None   # the queued compaction ran, on that store
+    dispatcher._store(header(tmp_path / "another", "load"))
+    assert not any(s is held for s in registry._STORES.values()), "an idle store with nothing queued stays"
