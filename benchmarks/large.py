@@ -25,6 +25,7 @@ providers phase by phase and writes results.md / results.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -127,16 +128,24 @@ def _tree(pid: int) -> dict[int, tuple[str, int]]:
 _KCMP = {"x86_64": 312, "aarch64": 272}
 
 
-def _same_memory(a: int, b: int) -> bool:
-    """Whether processes a and b share one address space (kcmp(2) KCMP_VM); False where that cannot be told."""
+@functools.cache
+def _kcmp():
+    """libc's syscall() and kcmp's number on this machine, or None where it is not known (loaded once: the
+    sampler asks for every child of the tree twice a second)."""
     import ctypes
     import platform
 
     nr = _KCMP.get(platform.machine())
-    if nr is None:
+    return None if nr is None else (ctypes.CDLL(None, use_errno=True).syscall, nr)
+
+
+def _same_memory(a: int, b: int) -> bool:
+    """Whether processes a and b share one address space (kcmp(2) KCMP_VM); False where that cannot be told."""
+    kcmp = _kcmp()
+    if kcmp is None:
         return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.syscall(nr, a, b, 1, 0, 0) == 0   # 1: KCMP_VM
+    syscall, nr = kcmp
+    return syscall(nr, a, b, 1, 0, 0) == 0   # 1: KCMP_VM
 
 
 def _pss(pid: int) -> int:
